@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Compiles every CUDA source to an sm_90 object with nvcc against the installed torch's
+# headers, so CUDA code that does not compile fails CI even on a machine without a GPU.
+# With a CPU-only torch wheel, C10_CUDA_NO_CMAKE_CONFIGURE_FILE stands in for the CUDA
+# configure header that wheel lacks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+if [ ! -x "$NVCC" ]; then
+  echo "compile_cuda: nvcc not found" >&2
+  exit 1
+fi
+mapfile -t INCLUDES < <(python3 -c "
+import sysconfig
+from torch.utils.cpp_extension import include_paths
+for p in include_paths() + [sysconfig.get_paths()['include']]:
+    print('-I' + p)
+import pybind11; print('-I' + pybind11.get_include())
+")
+OUT_DIR="${CUDA_OBJ_DIR:-build/cuda-objects}"
+mkdir -p "$OUT_DIR"
+status=0
+for src in csrc/*.cu; do
+  obj="$OUT_DIR/$(basename "${src%.cu}").o"
+  echo "nvcc $src -> $obj (sm_90)"
+  if ! "$NVCC" -c "$src" -o "$obj" -std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 \
+      --expt-relaxed-constexpr -Xcompiler -fPIC -DSPECOPS_WITH_CUDA -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE \
+      -DTORCH_EXTENSION_NAME=_C -Icsrc "${INCLUDES[@]}" -Xptxas -v 2> "$obj.log"; then
+    cat "$obj.log" >&2
+    status=1
+  else
+    grep -E "registers|spill" "$obj.log" | sed 's/^/  /' | head -40
+  fi
+done
+exit $status

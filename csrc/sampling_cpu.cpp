@@ -1,0 +1,188 @@
+// C++ CPU kernels of the verification-sampling ops, so every op runs on any machine.
+// Same arithmetic as the CUDA kernels (float32, helpers in token_ids.h), so all backends
+// agree bit for bit with reference/sampling.py given the same random draws.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <limits>
+
+#include "sampling.h"
+
+namespace specops {
+namespace {
+
+template <typename T>
+void expand_rows(const T* values, const int32_t* cu, T* out, int64_t batch, int64_t num_tokens,
+                 bool replace, T replace_from, T replace_to) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const DraftRange r = draft_range(cu, b, num_tokens, num_tokens);
+    T v = values[b];
+    if (replace && v == replace_from) v = replace_to;
+    for (int64_t t = r.start; t < r.start + r.count; ++t) out[t] = v;
+  }
+}
+
+at::Tensor expand_to_tokens_cpu(const at::Tensor& values, const at::Tensor& cu_num_draft_tokens,
+                                int64_t num_tokens, std::optional<double> replace_from,
+                                double replace_to) {
+  const RaggedSizes s = check_expand_to_tokens(values, cu_num_draft_tokens, num_tokens, replace_from);
+  // Rows no request covers (only with inconsistent cu_num_draft_tokens) stay zero.
+  at::Tensor out = at::zeros({num_tokens}, values.options());
+  const int32_t* cu = cu_num_draft_tokens.data_ptr<int32_t>();
+  switch (values.scalar_type()) {
+    case at::kFloat:
+      expand_rows<float>(values.data_ptr<float>(), cu, out.data_ptr<float>(), s.batch, num_tokens,
+                         replace_from.has_value(), static_cast<float>(replace_from.value_or(0.0)),
+                         static_cast<float>(replace_to));
+      break;
+    case at::kInt:
+      expand_rows<int32_t>(values.data_ptr<int32_t>(), cu, out.data_ptr<int32_t>(), s.batch,
+                           num_tokens, false, 0, 0);
+      break;
+    default:
+      expand_rows<int64_t>(values.data_ptr<int64_t>(), cu, out.data_ptr<int64_t>(), s.batch,
+                           num_tokens, false, 0, 0);
+  }
+  return out;
+}
+
+bool owns_row(const bool* is_greedy, int64_t b, bool greedy_op) {
+  return is_greedy == nullptr || is_greedy[b] == greedy_op;
+}
+
+void rejection_greedy_sample_cpu(at::Tensor& output_token_ids, const at::Tensor& cu_num_draft_tokens,
+                                 const at::Tensor& draft_token_ids, const at::Tensor& target_argmax,
+                                 const at::Tensor& bonus_token_ids,
+                                 const std::optional<at::Tensor>& is_greedy) {
+  const RaggedSizes s = check_rejection_greedy_sample(output_token_ids, cu_num_draft_tokens,
+                                                      draft_token_ids, target_argmax,
+                                                      bonus_token_ids, is_greedy);
+  int32_t* out = output_token_ids.data_ptr<int32_t>();
+  const int32_t* cu = cu_num_draft_tokens.data_ptr<int32_t>();
+  const TokenIds draft = token_ids(draft_token_ids), target = token_ids(target_argmax),
+                 bonus = token_ids(bonus_token_ids);
+  const bool* greedy = optional_bool_ptr(is_greedy);
+  at::parallel_for(0, s.batch, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      if (!owns_row(greedy, b, true)) continue;
+      int32_t* row = out + b * s.width;
+      const DraftRange r = draft_range(cu, b, s.num_tokens, s.width - 1);
+      int64_t i = 0;
+      bool all_accepted = true;
+      for (; i < r.count; ++i) {
+        const int64_t t = target[r.start + i];
+        row[i] = static_cast<int32_t>(t);
+        if (draft[r.start + i] != t) {
+          all_accepted = false;
+          ++i;
+          break;
+        }
+      }
+      if (all_accepted) row[i++] = static_cast<int32_t>(bonus[b]);
+      for (; i < s.width; ++i) row[i] = -1;
+    }
+  });
+}
+
+void rejection_random_sample_cpu(at::Tensor& output_token_ids, const at::Tensor& cu_num_draft_tokens,
+                                 const at::Tensor& draft_token_ids,
+                                 const std::optional<at::Tensor>& draft_probs,
+                                 const at::Tensor& target_probs, const at::Tensor& bonus_token_ids,
+                                 const at::Tensor& recovered_token_ids,
+                                 const at::Tensor& uniform_probs,
+                                 const std::optional<at::Tensor>& is_greedy) {
+  const RaggedSizes s = check_rejection_random_sample(
+      output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
+      bonus_token_ids, recovered_token_ids, uniform_probs, is_greedy);
+  int32_t* out = output_token_ids.data_ptr<int32_t>();
+  const int32_t* cu = cu_num_draft_tokens.data_ptr<int32_t>();
+  const TokenIds draft = token_ids(draft_token_ids), bonus = token_ids(bonus_token_ids),
+                 recovered = token_ids(recovered_token_ids);
+  const float* q_probs = optional_float_ptr(draft_probs);
+  const float* p_probs = target_probs.data_ptr<float>();
+  const float* uniform = uniform_probs.data_ptr<float>();
+  const bool* greedy = optional_bool_ptr(is_greedy);
+  at::parallel_for(0, s.batch, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      if (!owns_row(greedy, b, false)) continue;
+      int32_t* row = out + b * s.width;
+      const DraftRange r = draft_range(cu, b, s.num_tokens, s.width - 1);
+      int64_t i = 0;
+      bool all_accepted = true;
+      for (; i < r.count; ++i) {
+        const int64_t t = r.start + i;
+        const int64_t token = draft[t];
+        bool ok = false;
+        if (token >= 0 && token < s.vocab) {  // an id outside the vocab is never read: reject
+          const float q = q_probs != nullptr ? q_probs[t * s.vocab + token] : 1.f;
+          ok = accepts(uniform[t], q, p_probs[t * s.vocab + token]);
+        }
+        if (!ok) {
+          row[i++] = static_cast<int32_t>(recovered[t]);
+          all_accepted = false;
+          break;
+        }
+        row[i] = static_cast<int32_t>(token);
+      }
+      if (all_accepted) row[i++] = static_cast<int32_t>(bonus[b]);
+      for (; i < s.width; ++i) row[i] = -1;
+    }
+  });
+}
+
+at::Tensor sample_recovered_tokens_cpu(const at::Tensor& cu_num_draft_tokens,
+                                       const at::Tensor& draft_token_ids,
+                                       const std::optional<at::Tensor>& draft_probs,
+                                       const at::Tensor& target_probs,
+                                       const at::Tensor& exponentials) {
+  const RaggedSizes s = check_sample_recovered_tokens(cu_num_draft_tokens, draft_token_ids,
+                                                      draft_probs, target_probs, exponentials);
+  // Rows no request covers (only with inconsistent cu_num_draft_tokens) get 0.
+  at::Tensor out = at::zeros({s.num_tokens}, cu_num_draft_tokens.options());
+  int32_t* recovered = out.data_ptr<int32_t>();
+  const int32_t* cu = cu_num_draft_tokens.data_ptr<int32_t>();
+  const TokenIds draft = token_ids(draft_token_ids);
+  const float* q_probs = optional_float_ptr(draft_probs);
+  const float* p_probs = target_probs.data_ptr<float>();
+  const float* expo = exponentials.data_ptr<float>();
+  const int64_t vocab = s.vocab;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const DraftRange r = draft_range(cu, b, s.num_tokens, s.num_tokens);
+    at::parallel_for(r.start, r.start + r.count, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const float* p = p_probs + t * vocab;
+        const float* e = expo + b * vocab;
+        const int64_t token = draft[t];
+        float best = -std::numeric_limits<float>::infinity();
+        int64_t best_index = 0;
+        for (int64_t v = 0; v < vocab; ++v) {
+          float residual;
+          if (q_probs != nullptr) {
+            residual = p[v] - q_probs[t * vocab + v];
+          } else {
+            residual = v == token ? 0.f : p[v];
+          }
+          const float score = race_score(residual, e[v]);
+          if (score > best) {  // strict: ties keep the lowest index
+            best = score;
+            best_index = v;
+          }
+        }
+        recovered[t] = static_cast<int32_t>(best_index);
+      }
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specops, CPU, m) {
+  m.impl("expand_to_tokens", &expand_to_tokens_cpu);
+  m.impl("rejection_greedy_sample", &rejection_greedy_sample_cpu);
+  m.impl("rejection_random_sample", &rejection_random_sample_cpu);
+  m.impl("sample_recovered_tokens", &sample_recovered_tokens_cpu);
+}
+
+}  // namespace specops

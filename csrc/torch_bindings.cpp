@@ -1,0 +1,49 @@
+// The index of every specops op: schemas for both namespaces, and the build-info module.
+//
+// torch.ops.specops.<op>         CUDA kernels (csrc/*.cu) and C++ CPU kernels (csrc/*_cpu.cpp)
+// torch.ops.specops_triton.<op>  Triton kernels, registered from Python (specops/_triton_ops.py)
+//
+// Mutated arguments are marked Tensor(a!) and never returned. Shapes use B = batch,
+// T = num_tokens (all draft tokens, flattened), V = vocab, S = max_spec_len.
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include "build_info.h"
+
+namespace {
+
+void define_sampling_schemas(torch::Library& m) {
+  // values [B] float32|int32|int64, cu_num_draft_tokens [B] int32 -> [T]
+  m.def(
+      "expand_to_tokens(Tensor values, Tensor cu_num_draft_tokens, SymInt num_tokens, "
+      "float? replace_from=None, float replace_to=0.0) -> Tensor");
+  // output_token_ids [B, S + 1] int32; draft_token_ids, target_argmax [T]; bonus [B];
+  // is_greedy [B] bool (None: every request is greedy)
+  m.def(
+      "rejection_greedy_sample(Tensor(a!) output_token_ids, Tensor cu_num_draft_tokens, "
+      "Tensor draft_token_ids, Tensor target_argmax, Tensor bonus_token_ids, "
+      "Tensor? is_greedy=None) -> ()");
+  // draft_probs, target_probs [T, V] float32 (draft_probs None: n-gram drafts);
+  // recovered_token_ids [T]; uniform_probs [T] float32; is_greedy None: none is greedy
+  m.def(
+      "rejection_random_sample(Tensor(a!) output_token_ids, Tensor cu_num_draft_tokens, "
+      "Tensor draft_token_ids, Tensor? draft_probs, Tensor target_probs, "
+      "Tensor bonus_token_ids, Tensor recovered_token_ids, Tensor uniform_probs, "
+      "Tensor? is_greedy=None) -> ()");
+  // exponentials [B, V] float32 Exp(1) draws -> recovered token ids [T] int32
+  m.def(
+      "sample_recovered_tokens(Tensor cu_num_draft_tokens, Tensor draft_token_ids, "
+      "Tensor? draft_probs, Tensor target_probs, Tensor exponentials) -> Tensor");
+}
+
+}  // namespace
+
+TORCH_LIBRARY(specops, m) { define_sampling_schemas(m); }
+
+TORCH_LIBRARY(specops_triton, m) { define_sampling_schemas(m); }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "specops native extension: build information (the ops live in torch.ops.specops)";
+  m.def("build_info", &specops::build_info,
+        "Backends compiled in, CUDA arch list and the versions the extension was built with.");
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine to build and test specops: reuses an installed torch (else
+# installs torch==2.13.0, the CPU wheel on developer and CI machines), installs the
+# build and test dependencies, and builds specops._C in place.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+pip_install() { "$PYTHON" -m pip install -q --disable-pip-version-check "$@"; }
+
+if ! "$PYTHON" -c "import torch" 2>/dev/null; then
+  pip_install "torch==2.13.0"
+fi
+"$PYTHON" -c "import triton" 2>/dev/null || pip_install "triton==3.6.0"
+pip_install pytest hypothesis scipy numpy pybind11 ninja setuptools wheel
+# MAX_JOBS bounds ninja's parallel compiles (2 cores on CI).
+MAX_JOBS="${MAX_JOBS:-2}" "$PYTHON" -m pip install -q --disable-pip-version-check --no-build-isolation -e .
+"$PYTHON" -m specops.info

@@ -1,0 +1,218 @@
+"""Argument checks of the sampling ops on the Python side.
+
+``check_*`` mirror csrc/sampling_checks.cpp (shapes, dtypes, devices; no device sync):
+the Triton launchers and the fake kernels run them, so every backend rejects the same
+calls with the same messages. ``validate_*`` check values (ids inside the vocab,
+consistent ``cu_num_draft_tokens``, ``max_spec_len`` large enough); on a GPU they cost one
+device sync, so the public API runs them unless asked not to or while capturing a graph
+or compiling. The kernels never read or write out of bounds when they are skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ID_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True)
+class RaggedSizes:
+    batch: int  # B
+    num_tokens: int  # T
+    vocab: int = 0  # V
+    width: int = 0  # max_spec_len + 1
+
+
+def _shape(t: torch.Tensor) -> str:
+    return str(list(t.shape))
+
+
+def _device(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
+    if t.device != ref.device:
+        raise ValueError(f"{name} must be on the same device as {ref_name} ({ref.device}), got {t.device}")
+
+
+def _dtype(t: torch.Tensor, name: str, dtype: torch.dtype) -> None:
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+
+
+def _ids(t: torch.Tensor, name: str) -> None:
+    if t.dtype not in ID_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+
+
+def _one_d(t: torch.Tensor, name: str, size: int, size_name: str) -> None:
+    if t.dim() != 1 or t.shape[0] != size:
+        raise ValueError(f"{name} must have shape [{size_name}] = [{size}], got {_shape(t)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _rows(t: torch.Tensor, name: str, rows: int, rows_name: str, vocab: int) -> None:
+    if t.dim() != 2 or t.shape[0] != rows or t.shape[1] != vocab:
+        raise ValueError(f"{name} must have shape [{rows_name}, vocab] = [{rows}, {vocab}], got {_shape(t)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _cu(cu: torch.Tensor) -> int:
+    if cu.dim() != 1:
+        raise ValueError(f"cu_num_draft_tokens must have shape [batch], got {_shape(cu)}")
+    _dtype(cu, "cu_num_draft_tokens", torch.int32)
+    if not cu.is_contiguous():
+        raise ValueError("cu_num_draft_tokens must be contiguous")
+    return cu.shape[0]
+
+
+def _ids_1d(t: torch.Tensor, name: str, cu: torch.Tensor, size: int, size_name: str) -> None:
+    _device(t, name, cu, "cu_num_draft_tokens")
+    _ids(t, name)
+    _one_d(t, name, size, size_name)
+
+
+def _num_tokens(draft_token_ids: torch.Tensor) -> int:
+    if draft_token_ids.dim() != 1:
+        raise ValueError(f"draft_token_ids must have shape [num_tokens], got {_shape(draft_token_ids)}")
+    return draft_token_ids.shape[0]
+
+
+def _output(out: torch.Tensor, cu: torch.Tensor, batch: int) -> None:
+    _device(out, "output_token_ids", cu, "cu_num_draft_tokens")
+    _dtype(out, "output_token_ids", torch.int32)
+    if out.dim() != 2 or out.shape[0] != batch or out.shape[1] < 1:
+        raise ValueError(
+            f"output_token_ids must have shape [batch, max_spec_len + 1] with batch = {batch}, got {_shape(out)}"
+        )
+    if not out.is_contiguous():
+        raise ValueError("output_token_ids must be contiguous")
+
+
+def _is_greedy(is_greedy: torch.Tensor | None, cu: torch.Tensor, batch: int) -> None:
+    if is_greedy is None:
+        return
+    _device(is_greedy, "is_greedy", cu, "cu_num_draft_tokens")
+    _dtype(is_greedy, "is_greedy", torch.bool)
+    _one_d(is_greedy, "is_greedy", batch, "batch")
+
+
+def _probs(target_probs, draft_probs, cu, num_tokens) -> int:
+    _device(target_probs, "target_probs", cu, "cu_num_draft_tokens")
+    _dtype(target_probs, "target_probs", torch.float32)
+    if target_probs.dim() != 2:
+        raise ValueError(f"target_probs must have shape [num_tokens, vocab], got {_shape(target_probs)}")
+    vocab = target_probs.shape[1]
+    if vocab < 1:
+        raise ValueError(f"target_probs must have a vocab of at least 1, got {_shape(target_probs)}")
+    if vocab > 1 << 30:
+        raise ValueError(f"target_probs vocab must be at most 2^30, got {vocab}")
+    _rows(target_probs, "target_probs", num_tokens, "num_tokens", vocab)
+    if draft_probs is not None:
+        _device(draft_probs, "draft_probs", cu, "cu_num_draft_tokens")
+        _dtype(draft_probs, "draft_probs", torch.float32)
+        _rows(draft_probs, "draft_probs", num_tokens, "num_tokens", vocab)
+    return vocab
+
+
+def check_expand_to_tokens(values, cu_num_draft_tokens, num_tokens, replace_from) -> RaggedSizes:
+    batch = _cu(cu_num_draft_tokens)
+    _device(values, "values", cu_num_draft_tokens, "cu_num_draft_tokens")
+    if values.dtype not in (torch.float32, torch.int32, torch.int64):
+        raise TypeError(f"values must be float32, int32 or int64, got {values.dtype}")
+    _one_d(values, "values", batch, "batch")
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    if replace_from is not None and values.dtype != torch.float32:
+        raise TypeError(f"replace_from is only supported for float32 values, got {values.dtype}")
+    return RaggedSizes(batch, num_tokens)
+
+
+def check_rejection_greedy_sample(
+    output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, is_greedy
+) -> RaggedSizes:
+    cu = cu_num_draft_tokens
+    batch = _cu(cu)
+    _output(output_token_ids, cu, batch)
+    num_tokens = _num_tokens(draft_token_ids)
+    _ids_1d(draft_token_ids, "draft_token_ids", cu, num_tokens, "num_tokens")
+    _ids_1d(target_argmax, "target_argmax", cu, num_tokens, "num_tokens")
+    _ids_1d(bonus_token_ids, "bonus_token_ids", cu, batch, "batch")
+    _is_greedy(is_greedy, cu, batch)
+    return RaggedSizes(batch, num_tokens, 0, output_token_ids.shape[1])
+
+
+def check_rejection_random_sample(
+    output_token_ids,
+    cu_num_draft_tokens,
+    draft_token_ids,
+    draft_probs,
+    target_probs,
+    bonus_token_ids,
+    recovered_token_ids,
+    uniform_probs,
+    is_greedy,
+) -> RaggedSizes:
+    cu = cu_num_draft_tokens
+    batch = _cu(cu)
+    _output(output_token_ids, cu, batch)
+    num_tokens = _num_tokens(draft_token_ids)
+    _ids_1d(draft_token_ids, "draft_token_ids", cu, num_tokens, "num_tokens")
+    vocab = _probs(target_probs, draft_probs, cu, num_tokens)
+    _ids_1d(bonus_token_ids, "bonus_token_ids", cu, batch, "batch")
+    _ids_1d(recovered_token_ids, "recovered_token_ids", cu, num_tokens, "num_tokens")
+    _device(uniform_probs, "uniform_probs", cu, "cu_num_draft_tokens")
+    _dtype(uniform_probs, "uniform_probs", torch.float32)
+    _one_d(uniform_probs, "uniform_probs", num_tokens, "num_tokens")
+    _is_greedy(is_greedy, cu, batch)
+    return RaggedSizes(batch, num_tokens, vocab, output_token_ids.shape[1])
+
+
+def check_sample_recovered_tokens(
+    cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, exponentials
+) -> RaggedSizes:
+    cu = cu_num_draft_tokens
+    batch = _cu(cu)
+    num_tokens = _num_tokens(draft_token_ids)
+    _ids_1d(draft_token_ids, "draft_token_ids", cu, num_tokens, "num_tokens")
+    vocab = _probs(target_probs, draft_probs, cu, num_tokens)
+    _device(exponentials, "exponentials", cu, "cu_num_draft_tokens")
+    _dtype(exponentials, "exponentials", torch.float32)
+    _rows(exponentials, "exponentials", batch, "batch", vocab)
+    return RaggedSizes(batch, num_tokens, vocab)
+
+
+# ---- value checks (one device sync on a GPU) ----
+
+
+def validate_cu_num_draft_tokens(cu_num_draft_tokens: torch.Tensor, num_tokens: int, max_spec_len: int | None) -> None:
+    """cu_num_draft_tokens must be non-decreasing from >= 0, end at num_tokens, and no
+    request may have more than max_spec_len drafts."""
+    if cu_num_draft_tokens.numel() == 0:
+        if num_tokens != 0:
+            raise ValueError(f"cu_num_draft_tokens is empty but num_tokens = {num_tokens}")
+        return
+    cu = cu_num_draft_tokens.long()
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    stats = torch.stack([counts.min(), counts.max(), cu[-1]]).tolist()
+    min_count, max_count, last = stats
+    if min_count < 0:
+        raise ValueError("cu_num_draft_tokens must be non-decreasing and start at >= 0 (a request has a negative draft count)")
+    if last != num_tokens:
+        raise ValueError(
+            f"cu_num_draft_tokens is inconsistent with num_tokens: its last entry is {last}, num_tokens is {num_tokens}"
+        )
+    if max_spec_len is not None and max_count > max_spec_len:
+        raise ValueError(
+            f"max_spec_len is too small: a request has {max_count} drafts but output_token_ids has room for "
+            f"max_spec_len = {max_spec_len}"
+        )
+
+
+def validate_token_ids(ids: torch.Tensor, name: str, vocab: int) -> None:
+    if ids.numel() == 0:
+        return
+    lo, hi = torch.stack([ids.min(), ids.max()]).tolist()
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"{name} holds an id outside the vocab [0, {vocab}): min {lo}, max {hi}")

@@ -1,0 +1,80 @@
+"""Registers the Triton kernels as torch.ops.specops_triton.<op> (schemas in
+csrc/torch_bindings.cpp). These registrations are the Triton launchers' front door:
+they validate the arguments once, then hand them to triton_kernels/ unchanged."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from specops import _checks
+
+
+def _require_runnable(device: torch.device) -> None:
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "specops_triton ops run on CPU tensors only under the Triton interpreter: "
+            "set TRITON_INTERPRET=1 before importing specops"
+        )
+
+
+def register() -> None:
+    from specops.triton_kernels import sampling as kernels
+
+    def impl(name):
+        def decorate(fn):
+            for device in ("CUDA", "CPU"):
+                torch.library.impl(f"specops_triton::{name}", device)(fn)
+            return fn
+
+        return decorate
+
+    @impl("expand_to_tokens")
+    def _expand_to_tokens(values, cu_num_draft_tokens, num_tokens, replace_from=None, replace_to=0.0):
+        _checks.check_expand_to_tokens(values, cu_num_draft_tokens, num_tokens, replace_from)
+        _require_runnable(values.device)
+        return kernels.expand_to_tokens(values, cu_num_draft_tokens, num_tokens, replace_from, replace_to)
+
+    @impl("rejection_greedy_sample")
+    def _rejection_greedy_sample(
+        output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, is_greedy=None
+    ):
+        args = (output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, is_greedy)
+        _checks.check_rejection_greedy_sample(*args)
+        _require_runnable(output_token_ids.device)
+        kernels.rejection_greedy_sample(*args)
+
+    @impl("rejection_random_sample")
+    def _rejection_random_sample(
+        output_token_ids,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        bonus_token_ids,
+        recovered_token_ids,
+        uniform_probs,
+        is_greedy=None,
+    ):
+        args = (
+            output_token_ids,
+            cu_num_draft_tokens,
+            draft_token_ids,
+            draft_probs,
+            target_probs,
+            bonus_token_ids,
+            recovered_token_ids,
+            uniform_probs,
+            is_greedy,
+        )
+        _checks.check_rejection_random_sample(*args)
+        _require_runnable(output_token_ids.device)
+        kernels.rejection_random_sample(*args)
+
+    @impl("sample_recovered_tokens")
+    def _sample_recovered_tokens(cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, exponentials):
+        args = (cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, exponentials)
+        _checks.check_sample_recovered_tokens(*args)
+        _require_runnable(target_probs.device)
+        return kernels.sample_recovered_tokens(*args)

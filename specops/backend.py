@@ -1,0 +1,63 @@
+"""Which implementation runs an op: the typed choice and the default for a device."""
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+import os
+
+import torch
+
+from specops._native import has_cuda_kernels
+
+
+class Backend(enum.Enum):
+    CUDA = "cuda"  # torch.ops.specops on CUDA tensors
+    CPU = "cpu"  # torch.ops.specops on CPU tensors (C++ kernels)
+    TRITON = "triton"  # torch.ops.specops_triton (GPU, or CPU under TRITON_INTERPRET=1)
+    REFERENCE = "reference"  # specops.reference, pure PyTorch
+
+
+# Read once at import: torch.compile then sees constants, not calls it must trace.
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+_CUDA_KERNELS_BUILT = has_cuda_kernels()
+
+
+def triton_available() -> bool:
+    return _TRITON_INSTALLED
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    """Triton kernels run on CUDA tensors, and on CPU tensors only under the interpreter."""
+    if not triton_available():
+        return False
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def available_backends(device: torch.device) -> list[Backend]:
+    """Every backend that can run on tensors of ``device``, fastest first."""
+    device = torch.device(device)
+    backends = []
+    if device.type == "cuda" and _CUDA_KERNELS_BUILT:
+        backends.append(Backend.CUDA)
+    if device.type == "cpu":
+        backends.append(Backend.CPU)
+    if triton_runs_on(device):
+        backends.append(Backend.TRITON)
+    backends.append(Backend.REFERENCE)
+    return backends
+
+
+def resolve(backend: Backend | str | None, device: torch.device) -> Backend:
+    """The backend to use: the one asked for (checked to run on ``device``), else the
+    fastest available."""
+    available = available_backends(device)
+    if backend is None:
+        return available[0]
+    chosen = Backend(backend)
+    if chosen not in available:
+        names = ", ".join(b.value for b in available)
+        raise ValueError(f"backend {chosen.value!r} cannot run on {device} tensors here; available: {names}")
+    return chosen

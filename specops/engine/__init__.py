@@ -1,0 +1,1 @@
+"""The minimal speculative-decoding engine (built on specops.ops only)."""

@@ -1,0 +1,71 @@
+"""Fake (meta) kernels of every op, for torch.compile and opcheck.
+
+Each runs the same shape checks as the real kernels, so a bad call fails at trace time
+with the message it would fail with at run time. One registration per op covers both
+namespaces, torch.ops.specops and torch.ops.specops_triton: their schemas are the same.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specops import _checks
+
+NAMESPACES = ("specops", "specops_triton")
+
+
+def _register(name: str):
+    def decorate(fn):
+        for namespace in NAMESPACES:
+            torch.library.register_fake(f"{namespace}::{name}")(fn)
+        return fn
+
+    return decorate
+
+
+@_register("expand_to_tokens")
+def _expand_to_tokens_fake(values, cu_num_draft_tokens, num_tokens, replace_from=None, replace_to=0.0):
+    _checks.check_expand_to_tokens(values, cu_num_draft_tokens, num_tokens, replace_from)
+    return values.new_empty((num_tokens,))
+
+
+@_register("rejection_greedy_sample")
+def _rejection_greedy_sample_fake(
+    output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, is_greedy=None
+):
+    _checks.check_rejection_greedy_sample(
+        output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, is_greedy
+    )
+
+
+@_register("rejection_random_sample")
+def _rejection_random_sample_fake(
+    output_token_ids,
+    cu_num_draft_tokens,
+    draft_token_ids,
+    draft_probs,
+    target_probs,
+    bonus_token_ids,
+    recovered_token_ids,
+    uniform_probs,
+    is_greedy=None,
+):
+    _checks.check_rejection_random_sample(
+        output_token_ids,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        bonus_token_ids,
+        recovered_token_ids,
+        uniform_probs,
+        is_greedy,
+    )
+
+
+@_register("sample_recovered_tokens")
+def _sample_recovered_tokens_fake(cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, exponentials):
+    sizes = _checks.check_sample_recovered_tokens(
+        cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, exponentials
+    )
+    return target_probs.new_empty((sizes.num_tokens,), dtype=torch.int32)

@@ -1,0 +1,201 @@
+"""The typed public API: one function per op, the backend picked from the tensors' device.
+
+Every function has the argument order of its reference (specops.reference) and of its
+torch ops (torch.ops.specops.<op>, torch.ops.specops_triton.<op>). ``backend=None``
+picks the fastest implementation that exists for the device (CUDA kernels, then Triton,
+on a GPU; C++ kernels on the CPU). ``validate=True`` also checks values (ids inside the
+vocab, consistent ``cu_num_draft_tokens``): one device sync on a GPU, skipped while a
+CUDA graph is being captured or torch.compile is tracing. Without it the kernels stay
+memory-safe but may return garbage for bad values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specops import _checks
+from specops.backend import Backend, resolve
+from specops.reference import sampling as reference
+
+
+def _should_validate(validate: bool, device: torch.device) -> bool:
+    if not validate or torch.compiler.is_compiling():
+        return False
+    return not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def _op(name: str, backend: Backend):
+    if backend is Backend.REFERENCE:
+        return getattr(reference, name)
+    if backend is Backend.TRITON:
+        return getattr(torch.ops.specops_triton, name)
+    return getattr(torch.ops.specops, name)
+
+
+def expand_to_tokens(
+    values: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    num_tokens: int,
+    replace_from: float | None = None,
+    replace_to: float = 0.0,
+    *,
+    backend: Backend | str | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Repeat each request's value once per draft token of that request.
+
+    Parameters
+    ----------
+    values : per-request values (temperature, top-k, seed). Shape: ``[B]``, float32 | int32 | int64.
+    cu_num_draft_tokens : inclusive cumulative draft counts. Shape: ``[B]``, int32.
+    num_tokens : total draft tokens, ``cu_num_draft_tokens[-1]``.
+    replace_from, replace_to : float32 values equal to ``replace_from`` become ``replace_to``.
+
+    Returns
+    -------
+    Tensor of shape ``[num_tokens]``, dtype of ``values``.
+
+    Example
+    -------
+    >>> cu = torch.tensor([2, 2, 5], dtype=torch.int32)
+    >>> specops.expand_to_tokens(torch.tensor([0.0, 0.7, 1.0]), cu, 5, replace_from=0.0, replace_to=1.0)
+    tensor([1.0000, 1.0000, 1.0000, 1.0000, 1.0000])
+    """
+    chosen = resolve(backend, values.device)
+    if _should_validate(validate, values.device):
+        _checks.validate_cu_num_draft_tokens(cu_num_draft_tokens, num_tokens, None)
+    return _op("expand_to_tokens", chosen)(values, cu_num_draft_tokens, num_tokens, replace_from, replace_to)
+
+
+def rejection_greedy_sample(
+    output_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    target_argmax: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    is_greedy: torch.Tensor | None = None,
+    *,
+    backend: Backend | str | None = None,
+    validate: bool = True,
+) -> None:
+    """Greedy verification: accept drafts while they equal the target's argmax.
+
+    Writes, for every request it owns (``is_greedy[b]``, or all when ``is_greedy`` is
+    None), the accepted drafts, then the argmax at the first mismatch or the bonus token
+    when all matched, then ``-1`` padding.
+
+    Parameters
+    ----------
+    output_token_ids : written in place. Shape: ``[B, max_spec_len + 1]``, int32.
+    cu_num_draft_tokens : Shape: ``[B]``, int32.
+    draft_token_ids : Shape: ``[num_tokens]``, int32 | int64.
+    target_argmax : argmax of the target at each draft position. Shape: ``[num_tokens]``, int32 | int64.
+    bonus_token_ids : Shape: ``[B]``, int32 | int64.
+    is_greedy : which requests this op owns. Shape: ``[B]``, bool, or None.
+
+    Example
+    -------
+    >>> out = torch.empty(2, 3, dtype=torch.int32)
+    >>> cu = torch.tensor([2, 3], dtype=torch.int32)
+    >>> specops.rejection_greedy_sample(out, cu, torch.tensor([5, 6, 7]), torch.tensor([5, 9, 7]),
+    ...                                 torch.tensor([1, 2]))
+    >>> out
+    tensor([[ 5,  9, -1],
+            [ 7,  2, -1]], dtype=torch.int32)
+    """
+    device = output_token_ids.device
+    chosen = resolve(backend, device)
+    if _should_validate(validate, device):
+        _checks.validate_cu_num_draft_tokens(
+            cu_num_draft_tokens, draft_token_ids.shape[0], output_token_ids.shape[-1] - 1
+        )
+    _op("rejection_greedy_sample", chosen)(
+        output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, is_greedy
+    )
+
+
+def rejection_random_sample(
+    output_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    recovered_token_ids: torch.Tensor,
+    uniform_probs: torch.Tensor,
+    is_greedy: torch.Tensor | None = None,
+    *,
+    backend: Backend | str | None = None,
+    validate: bool = True,
+) -> None:
+    """Lossless random verification: accept ``x_i`` when ``u_i * q_i(x_i) < p_i(x_i)``.
+
+    At the first rejection the recovered token of that position is emitted and the row
+    ends; when every draft is accepted the bonus token follows. A draft probability of 0
+    rejects. Rows owned by greedy requests (``is_greedy[b]``) are left untouched.
+
+    Parameters
+    ----------
+    output_token_ids : written in place. Shape: ``[B, max_spec_len + 1]``, int32.
+    cu_num_draft_tokens : Shape: ``[B]``, int32.
+    draft_token_ids : Shape: ``[num_tokens]``, int32 | int64.
+    draft_probs : the proposer's probabilities, None for n-gram drafts. Shape: ``[num_tokens, V]``, float32.
+    target_probs : Shape: ``[num_tokens, V]``, float32.
+    bonus_token_ids : Shape: ``[B]``, int32 | int64.
+    recovered_token_ids : from :func:`sample_recovered_tokens`. Shape: ``[num_tokens]``, int32 | int64.
+    uniform_probs : U[0, 1) draws. Shape: ``[num_tokens]``, float32.
+    is_greedy : requests this op skips. Shape: ``[B]``, bool, or None.
+    """
+    device = output_token_ids.device
+    chosen = resolve(backend, device)
+    if _should_validate(validate, device):
+        _checks.validate_cu_num_draft_tokens(
+            cu_num_draft_tokens, draft_token_ids.shape[0], output_token_ids.shape[-1] - 1
+        )
+        _checks.validate_token_ids(draft_token_ids, "draft_token_ids", target_probs.shape[-1])
+    _op("rejection_random_sample", chosen)(
+        output_token_ids,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        bonus_token_ids,
+        recovered_token_ids,
+        uniform_probs,
+        is_greedy,
+    )
+
+
+def sample_recovered_tokens(
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    exponentials: torch.Tensor,
+    *,
+    backend: Backend | str | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Sample, at every draft position, from the residual ``norm(max(p - q, 0))`` by the
+    exponential race ``argmax_v r_v / E_v`` (ties to the lowest index).
+
+    Parameters
+    ----------
+    cu_num_draft_tokens : Shape: ``[B]``, int32.
+    draft_token_ids : Shape: ``[num_tokens]``, int32 | int64.
+    draft_probs : None for n-gram drafts (q one-hot on the draft). Shape: ``[num_tokens, V]``, float32.
+    target_probs : Shape: ``[num_tokens, V]``, float32.
+    exponentials : Exp(1) draws, one row per request. Shape: ``[B, V]``, float32.
+
+    Returns
+    -------
+    Recovered token ids. Shape: ``[num_tokens]``, int32.
+    """
+    device = target_probs.device
+    chosen = resolve(backend, device)
+    if _should_validate(validate, device):
+        _checks.validate_cu_num_draft_tokens(cu_num_draft_tokens, draft_token_ids.shape[0], None)
+        _checks.validate_token_ids(draft_token_ids, "draft_token_ids", target_probs.shape[-1])
+    return _op("sample_recovered_tokens", chosen)(
+        cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, exponentials
+    )

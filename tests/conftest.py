@@ -1,0 +1,45 @@
+"""Shared test set-up: hypothesis profiles, the backends present on this machine, and
+helpers that build ragged sampling batches from fresh random data."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+import specops
+from specops.backend import Backend
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    max_examples=25,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("dev", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "nightly", deadline=None, max_examples=1000, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+HAS_CUDA = torch.cuda.is_available()
+requires_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+def kernel_backends(device: str) -> list[Backend]:
+    """The backends under test on ``device``: every available one but the reference."""
+    return [b for b in specops.available_backends(torch.device(device)) if b is not Backend.REFERENCE]
+
+
+def backend_params() -> list:
+    """(device, backend) pairs present on this machine; GPU pairs carry the gpu marker."""
+    params = [pytest.param("cpu", b, id=f"cpu-{b.value}") for b in kernel_backends("cpu")]
+    if HAS_CUDA:
+        params += [
+            pytest.param("cuda", b, id=f"cuda-{b.value}", marks=pytest.mark.gpu) for b in kernel_backends("cuda")
+        ]
+    return params
