@@ -5,7 +5,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "sampling.h"
 
@@ -131,6 +133,23 @@ void rejection_random_sample_cpu(at::Tensor& output_token_ids, const at::Tensor&
   });
 }
 
+// The exponential race over one row; kHasDraftProbs is a template argument so the inner
+// loop has no branch but the compare.
+template <bool kHasDraftProbs>
+int32_t race_row(const float* p, const float* q, const float* e, int64_t vocab, int64_t token) {
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t best_index = 0;
+  for (int64_t v = 0; v < vocab; ++v) {
+    const float residual = kHasDraftProbs ? p[v] - q[v] : (v == token ? 0.f : p[v]);
+    const float score = race_score(residual, e[v]);
+    if (score > best) {  // strict: ties keep the lowest index
+      best = score;
+      best_index = v;
+    }
+  }
+  return static_cast<int32_t>(best_index);
+}
+
 at::Tensor sample_recovered_tokens_cpu(const at::Tensor& cu_num_draft_tokens,
                                        const at::Tensor& draft_token_ids,
                                        const std::optional<at::Tensor>& draft_probs,
@@ -147,32 +166,23 @@ at::Tensor sample_recovered_tokens_cpu(const at::Tensor& cu_num_draft_tokens,
   const float* p_probs = target_probs.data_ptr<float>();
   const float* expo = exponentials.data_ptr<float>();
   const int64_t vocab = s.vocab;
+  // Which request owns each row, then one parallel loop over all rows.
+  std::vector<int64_t> request(s.num_tokens, -1);
   for (int64_t b = 0; b < s.batch; ++b) {
     const DraftRange r = draft_range(cu, b, s.num_tokens, s.num_tokens);
-    at::parallel_for(r.start, r.start + r.count, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const float* p = p_probs + t * vocab;
-        const float* e = expo + b * vocab;
-        const int64_t token = draft[t];
-        float best = -std::numeric_limits<float>::infinity();
-        int64_t best_index = 0;
-        for (int64_t v = 0; v < vocab; ++v) {
-          float residual;
-          if (q_probs != nullptr) {
-            residual = p[v] - q_probs[t * vocab + v];
-          } else {
-            residual = v == token ? 0.f : p[v];
-          }
-          const float score = race_score(residual, e[v]);
-          if (score > best) {  // strict: ties keep the lowest index
-            best = score;
-            best_index = v;
-          }
-        }
-        recovered[t] = static_cast<int32_t>(best_index);
-      }
-    });
+    for (int64_t t = r.start; t < r.start + r.count; ++t) request[t] = b;
   }
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(vocab, 1));
+  at::parallel_for(0, s.num_tokens, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = request[t];
+      if (b < 0) continue;
+      const float* p = p_probs + t * vocab;
+      const float* e = expo + b * vocab;
+      recovered[t] = q_probs != nullptr ? race_row<true>(p, q_probs + t * vocab, e, vocab, 0)
+                                        : race_row<false>(p, nullptr, e, vocab, draft[t]);
+    }
+  });
   return out;
 }
 

@@ -1,0 +1,158 @@
+"""What every specops benchmark shares: the environment stamp, the copy bandwidth every
+floor is divided by, the timer, and the results file and table (DESIGN.md, "Benchmark
+results format").
+
+Timing follows ANCHORS.md: warm-up, then CUDA events around each of 50 calls, median,
+L2 not flushed. On a CPU the same loop uses time.perf_counter (smoke runs only).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def time_us(fn: Callable[[], object], device: torch.device, warmup: int = 10, iters: int = 50) -> float:
+    """Median wall time of one call of ``fn`` in microseconds."""
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        times = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e6)
+        return statistics.median(times)
+    torch.cuda.synchronize(device)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for start, end in zip(starts, ends):
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends))
+
+
+def copy_bandwidth_tbs(device: torch.device) -> float:
+    """Device-to-device copy bandwidth, bytes read + written, in TB/s (median of 10).
+
+    1 GiB on a GPU (far beyond L2); 64 MiB on a CPU so smoke runs stay short.
+    """
+    nbytes = (1 << 30) if device.type == "cuda" else (64 << 20)
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    us = time_us(lambda: dst.copy_(src), device, warmup=3, iters=10)
+    return 2 * nbytes / us / 1e6
+
+
+def git_revision() -> str:
+    """``git rev-parse HEAD`` of the repo; the GPU machine's copy may lack .git, so fall
+    back to $SPECOPS_GIT_REV, then "unknown"."""
+    try:
+        if not (REPO_ROOT / ".git").exists():  # never report a parent folder's repository
+            raise OSError("no .git")
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("SPECOPS_GIT_REV", "unknown")
+
+
+def env_stamp(device: torch.device) -> dict:
+    """{gpu, torch, triton, cuda, git, copy_bw_tbs, date} for the results file."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device)
+    else:
+        gpu = f"cpu ({platform.processor() or platform.machine()})"
+    return {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda or "none",
+        "git": git_revision(),
+        "copy_bw_tbs": round(copy_bandwidth_tbs(device), 4),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+
+
+def gpu_slug(gpu_name: str) -> str:
+    """Short name for file names: h100, h200, cpu, else the name in lower-case words."""
+    name = gpu_name.lower()
+    for slug in ("h100", "h200", "b200", "a100"):
+        if slug in name:
+            return slug
+    if name.startswith("cpu"):
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+
+
+def write_results(bench: str, env: dict, rows: list[dict], out_dir: str | Path) -> Path:
+    """Write ``<out_dir>/<bench>-<gpu>-<YYYYMMDD>.json`` (overwriting), one row a line."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{bench}-{gpu_slug(env['gpu'])}-{datetime.date.today():%Y%m%d}.json"
+    body = ",\n  ".join(json.dumps(row) for row in rows)
+    path.write_text(f'{{"env": {json.dumps(env)},\n "rows": [\n  {body}\n ]}}\n')
+    return path
+
+
+def speedup(peer_us: float | None, us: float) -> str:
+    """How many times faster than the peer (peer time / our time)."""
+    return "" if peer_us is None else f"{peer_us / us:.2f}x"
+
+
+def print_table(
+    rows: list[dict],
+    group_keys: tuple[str, ...],
+    peers: tuple[str, ...],
+    fixed: dict[str, Callable[[dict], float | None]] | None = None,
+) -> None:
+    """One line per row: time, floor, x over floor, GB/s and % of copy bandwidth (when the
+    row has them), then, on specops rows, the speed-up over each peer measured in the same
+    run (same group) and over each ``fixed`` figure (a label and a lookup by row)."""
+    fixed = fixed or {}
+    by_group: dict[tuple, dict[str, dict]] = {}
+    for row in rows:
+        by_group.setdefault(tuple(row[key] for key in group_keys), {})[row["impl"]] = row
+    header = [*group_keys, "impl", "us", "floor_us", "x_floor", "GB/s", "%copy"]
+    header += [f"vs {peer}" for peer in peers]
+    for label in fixed:
+        header += [label, "vs it"]
+    lines = [header]
+    for group, impls in by_group.items():
+        for impl, row in impls.items():
+            line = [str(value) for value in group] + [impl, f"{row['us']:.1f}", f"{row['floor_us']:.1f}"]
+            line += [f"{row['us'] / row['floor_us']:.2f}", f"{row['gbps']:.0f}" if "gbps" in row else ""]
+            line += [f"{row['pct_copy_bw']:.0f}%" if "pct_copy_bw" in row else ""]
+            ours = impl.startswith("specops")
+            for peer in peers:
+                peer_row = impls.get(peer)
+                line.append(speedup(peer_row["us"], row["us"]) if ours and peer_row and peer != impl else "")
+            for lookup in fixed.values():
+                figure = lookup(row)
+                line += ["" if figure is None else f"{figure:.0f}", speedup(figure, row["us"]) if ours else ""]
+            lines.append(line)
+    shown = [i for i in range(len(header)) if any(line[i] for line in lines[1:])]  # drop empty columns
+    widths = {i: max(len(line[i]) for line in lines) for i in shown}
+    for line in lines:
+        print("  ".join(line[i].rjust(widths[i]) for i in shown))
