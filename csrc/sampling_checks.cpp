@@ -4,7 +4,6 @@
 // (specops/_checks.py) and the kernels stay memory-safe when they are skipped.
 #include <ATen/ATen.h>
 
-#include <sstream>
 #include <string>
 
 #include "sampling.h"
@@ -12,15 +11,24 @@
 namespace specops {
 namespace {
 
+// Messages never stream an integer: with torch 2.11's wheel on the lent GPU machine,
+// formatting an int64 through c10::str's ostringstream segfaulted inside the extension
+// (a libstdc++ num_put mismatch), while strings streamed fine. So numbers go through
+// std::to_string, and shapes are "[2, 3]" built by hand.
+std::string num(int64_t n) { return std::to_string(n); }
+
 std::string shape_str(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (d > 0) s += ", ";
+    s += num(t.size(d));
+  }
+  return s + "]";
 }
 
 void check_device(const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
   TORCH_CHECK_VALUE(t.device() == ref.device(), name, " must be on the same device as ", ref_name,
-                    " (", ref.device(), "), got ", t.device());
+                    " (", ref.device().str(), "), got ", t.device().str());
 }
 
 void check_dtype(const at::Tensor& t, const char* name, at::ScalarType dtype) {
@@ -34,14 +42,14 @@ void check_token_ids(const at::Tensor& t, const char* name) {
 
 void check_1d(const at::Tensor& t, const char* name, int64_t size, const char* size_name) {
   TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == size, name, " must have shape [", size_name,
-                    "] = [", size, "], got ", shape_str(t));
+                    "] = [", num(size), "], got ", shape_str(t));
   TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
 }
 
 void check_rows(const at::Tensor& t, const char* name, int64_t rows, const char* rows_name,
                 int64_t vocab) {
   TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == rows && t.size(1) == vocab, name,
-                    " must have shape [", rows_name, ", vocab] = [", rows, ", ", vocab, "], got ",
+                    " must have shape [", rows_name, ", vocab] = [", num(rows), ", ", num(vocab), "], got ",
                     shape_str(t));
   TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
 }
@@ -58,7 +66,7 @@ void check_output(const at::Tensor& out, const at::Tensor& cu, int64_t batch) {
   check_device(out, "output_token_ids", cu, "cu_num_draft_tokens");
   check_dtype(out, "output_token_ids", at::kInt);
   TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == batch && out.size(1) >= 1,
-                    "output_token_ids must have shape [batch, max_spec_len + 1] with batch = ", batch,
+                    "output_token_ids must have shape [batch, max_spec_len + 1] with batch = ", num(batch),
                     ", got ", shape_str(out));
   TORCH_CHECK_VALUE(out.is_contiguous(), "output_token_ids must be contiguous");
 }
@@ -87,7 +95,7 @@ RaggedSizes check_expand_to_tokens(const at::Tensor& values, const at::Tensor& c
   TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kInt || dtype == at::kLong,
                    "values must be float32, int32 or int64, got ", dtype);
   check_1d(values, "values", batch, "batch");
-  TORCH_CHECK_VALUE(num_tokens >= 0, "num_tokens must be >= 0, got ", num_tokens);
+  TORCH_CHECK_VALUE(num_tokens >= 0, "num_tokens must be >= 0, got ", num(num_tokens));
   TORCH_CHECK_TYPE(!replace_from.has_value() || dtype == at::kFloat,
                    "replace_from is only supported for float32 values, got ", dtype);
   return RaggedSizes{batch, num_tokens, 0, 0};
@@ -160,7 +168,7 @@ RaggedSizes check_sample_recovered_tokens(const at::Tensor& cu_num_draft_tokens,
                     shape_str(target_probs));
   const int64_t vocab = target_probs.size(1);
   TORCH_CHECK_VALUE(vocab >= 1, "target_probs must have a vocab of at least 1, got ", shape_str(target_probs));
-  TORCH_CHECK_VALUE(vocab <= (int64_t{1} << 30), "target_probs vocab must be at most 2^30, got ", vocab);
+  TORCH_CHECK_VALUE(vocab <= (int64_t{1} << 30), "target_probs vocab must be at most 2^30, got ", num(vocab));
   check_rows(target_probs, "target_probs", num_tokens, "num_tokens", vocab);
   if (draft_probs.has_value()) {
     check_device(*draft_probs, "draft_probs", cu_num_draft_tokens, "cu_num_draft_tokens");

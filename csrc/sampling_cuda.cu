@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "sampling.h"
 
@@ -118,7 +119,10 @@ __global__ void rejection_random_sample_kernel(int32_t* __restrict__ out,       
 // reduces each row's candidates. Bytes: T*V*4 (p) + T*V*4 (q) + B*V*4 (E; a request's k
 // rows reread its E row, mostly from L2) + T*num_splits*8 + T*4.
 constexpr int kRecoveredThreads = 256;
-constexpr int kRecoveredUnroll = 4;  // float4 loads of each input in flight per thread
+// float4 loads of each input in flight per thread: n-gram rows stream two inputs, not
+// three, so they take twice the depth to keep as many bytes in flight.
+template <bool kHasDraftProbs>
+constexpr int kRecoveredUnroll = kHasDraftProbs ? 4 : 8;
 
 struct Candidate {
   float score;
@@ -197,18 +201,19 @@ __global__ void __launch_bounds__(kRecoveredThreads)
     const float* e = exponentials + request * vocab;
     int64_t v = begin;
     if (kVec) {  // chunk, vocab and the row starts are multiples of 4 floats
-      constexpr int64_t kStep = 4 * kRecoveredThreads * kRecoveredUnroll;
+      constexpr int kUnroll = kRecoveredUnroll<kHasDraftProbs>;
+      constexpr int64_t kStep = 4 * kRecoveredThreads * kUnroll;
       for (; v + kStep <= end; v += kStep) {
-        float4 pv[kRecoveredUnroll], qv[kRecoveredUnroll], ev[kRecoveredUnroll];
+        float4 pv[kUnroll], qv[kUnroll], ev[kUnroll];
 #pragma unroll
-        for (int u = 0; u < kRecoveredUnroll; ++u) {
+        for (int u = 0; u < kUnroll; ++u) {
           const int64_t at = v + 4 * (threadIdx.x + u * kRecoveredThreads);
           pv[u] = __ldcs(reinterpret_cast<const float4*>(p + at));
           if (kHasDraftProbs) qv[u] = __ldcs(reinterpret_cast<const float4*>(q + at));
           ev[u] = __ldg(reinterpret_cast<const float4*>(e + at));
         }
 #pragma unroll
-        for (int u = 0; u < kRecoveredUnroll; ++u) {
+        for (int u = 0; u < kUnroll; ++u) {
           const int64_t at = v + 4 * (threadIdx.x + u * kRecoveredThreads);
           const float4 qq = kHasDraftProbs ? qv[u] : make_float4(0.f, 0.f, 0.f, 0.f);
           consider<kHasDraftProbs>(best, pv[u].x, qq.x, ev[u].x, at + 0, token);
@@ -364,7 +369,7 @@ at::Tensor sample_recovered_tokens_cuda(const at::Tensor& cu_num_draft_tokens,
   int64_t chunk = (s.vocab + splits - 1) / splits;
   chunk = (chunk + 3) / 4 * 4;  // float4-aligned chunk starts
   splits = (s.vocab + chunk - 1) / chunk;
-  TORCH_CHECK(s.num_tokens <= INT32_MAX, "num_tokens must be below 2^31, got ", s.num_tokens);
+  TORCH_CHECK(s.num_tokens <= INT32_MAX, "num_tokens must be below 2^31, got ", std::to_string(s.num_tokens));
   at::Tensor partials;
   Candidate* partials_ptr = nullptr;
   if (splits > 1) {
