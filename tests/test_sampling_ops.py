@@ -226,6 +226,29 @@ def test_recovered_ties_take_lowest_index_and_all_zero_residual(device, backend)
 
 
 @pytest.mark.parametrize("device,backend", BACKENDS)
+@pytest.mark.parametrize("with_draft_probs", [True, False], ids=["draft", "ngram"])
+def test_recovered_near_ties_are_exact(device, backend, with_draft_probs):
+    """Scores a few ulps apart (and exact ties): a kernel that rules elements out with an
+    approximate quotient must still return the exact race winner."""
+    g = torch.Generator().manual_seed(17)
+    num_tokens, vocab = 6, 4099
+    base = torch.tensor(0.37, dtype=torch.float32)
+    ulps = torch.randint(-3, 4, (num_tokens, vocab), generator=g)
+    target = base + ulps * torch.finfo(torch.float32).eps * base
+    e_base = torch.tensor(1.3, dtype=torch.float32)
+    exponentials = (e_base + torch.randint(-3, 4, (2, vocab), generator=g) * 1.2e-7).float()
+    exponentials[1, 100:] = 1e-30  # an exponential far outside the fast path's range
+    draft = target * torch.rand(num_tokens, vocab, generator=g).lt(0.5) * 0.5
+    cu = torch.tensor([3, 6], dtype=torch.int32)
+    ids = torch.randint(0, vocab, (num_tokens,), generator=g, dtype=torch.int32)
+    q = draft if with_draft_probs else None
+    expected = ref.sample_recovered_tokens(cu, ids, q, target, exponentials)
+    got = specops.sample_recovered_tokens(cu.to(device), ids.to(device), q.to(device) if q is not None else None,
+                                          target.to(device), exponentials.to(device), backend=backend)
+    assert got.cpu().tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("device,backend", BACKENDS)
 def test_ops_leave_other_requests_rows_untouched(device, backend):
     batch = make_batch([2, 3, 1, 0], 50, seed=11, device=device, greedy_fraction=0.5)
     batch.is_greedy = torch.tensor([True, False, True, False], device=device)
