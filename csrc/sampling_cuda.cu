@@ -169,24 +169,10 @@ __device__ int64_t request_of(const int32_t* __restrict__ cu, int64_t batch, int
   return lo;
 }
 
-// An IEEE division per element costs more issue slots than the loads it waits on, so
-// most elements are ruled out by an approximate quotient first. __fdividef is within
-// 2 ulp (2^-22 relative) of r / e when both lie in [2^-60, 2^60] (the quotient is then a
-// normal float), and the exact score is within half an ulp of r / e, so an element whose
-// approximate score, raised by 2^-20, is still below the best cannot reach it: skipping
-// it leaves the result bit-exact. Everything else takes the exact race_score().
-__device__ __forceinline__ bool cannot_beat(float residual, float exponential, float best) {
-  constexpr float kLow = 0x1p-60f, kHigh = 0x1p60f;
-  const bool in_range = residual >= kLow && residual <= kHigh && exponential >= kLow &&
-                        exponential <= kHigh;
-  return in_range && __fdividef(residual, exponential) * (1.f + 0x1p-20f) < best;
-}
-
 template <bool kHasDraftProbs>
 __device__ __forceinline__ void consider(Candidate& best, float p, float q, float e, int64_t v,
                                          int64_t token) {
   const float residual = kHasDraftProbs ? p - q : (v == token ? 0.f : p);
-  if (residual > 0.f && cannot_beat(residual, e, best.score)) return;
   const float score = race_score(residual, e);
   if (score > best.score) best = Candidate{score, static_cast<int32_t>(v)};  // ascending v
 }
