@@ -42,7 +42,8 @@ def plot(paths: list[Path], out: Path | None = None) -> Path:
     labels = list(dict.fromkeys(row["label"] for row in rows))
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     most_groups = max(len({shape_of(row) for row in panel}) for panel in panels.values())
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 1.3 * most_groups), 3.8 * len(panels)), squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 1.3 * most_groups), 4.6 * len(panels)), squeeze=False)
+    fig.subplots_adjust(hspace=0.55)  # room for the four-line shape labels under each panel
     for ax, ((bench, stage), panel) in zip(axes[:, 0], panels.items()):
         shapes = list(dict.fromkeys(shape_of(row) for row in panel))
         present = [label for label in labels if any(row["label"] == label for row in panel)]

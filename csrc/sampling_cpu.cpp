@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "rejection_rows.h"
 #include "sampling.h"
 
 namespace specops {
@@ -68,21 +69,8 @@ void rejection_greedy_sample_cpu(at::Tensor& output_token_ids, const at::Tensor&
   at::parallel_for(0, s.batch, 64, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       if (!owns_row(greedy, b, true)) continue;
-      int32_t* row = out + b * s.width;
-      const DraftRange r = draft_range(cu, b, s.num_tokens, s.width - 1);
-      int64_t i = 0;
-      bool all_accepted = true;
-      for (; i < r.count; ++i) {
-        const int64_t t = target[r.start + i];
-        row[i] = static_cast<int32_t>(t);
-        if (draft[r.start + i] != t) {
-          all_accepted = false;
-          ++i;
-          break;
-        }
-      }
-      if (all_accepted) row[i++] = static_cast<int32_t>(bonus[b]);
-      for (; i < s.width; ++i) row[i] = -1;
+      greedy_row(out + b * s.width, s.width, draft_range(cu, b, s.num_tokens, s.width - 1), draft,
+                 target, bonus[b]);
     }
   });
 }
@@ -108,27 +96,8 @@ void rejection_random_sample_cpu(at::Tensor& output_token_ids, const at::Tensor&
   at::parallel_for(0, s.batch, 64, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       if (!owns_row(greedy, b, false)) continue;
-      int32_t* row = out + b * s.width;
-      const DraftRange r = draft_range(cu, b, s.num_tokens, s.width - 1);
-      int64_t i = 0;
-      bool all_accepted = true;
-      for (; i < r.count; ++i) {
-        const int64_t t = r.start + i;
-        const int64_t token = draft[t];
-        bool ok = false;
-        if (token >= 0 && token < s.vocab) {  // an id outside the vocab is never read: reject
-          const float q = q_probs != nullptr ? q_probs[t * s.vocab + token] : 1.f;
-          ok = accepts(uniform[t], q, p_probs[t * s.vocab + token]);
-        }
-        if (!ok) {
-          row[i++] = static_cast<int32_t>(recovered[t]);
-          all_accepted = false;
-          break;
-        }
-        row[i] = static_cast<int32_t>(token);
-      }
-      if (all_accepted) row[i++] = static_cast<int32_t>(bonus[b]);
-      for (; i < s.width; ++i) row[i] = -1;
+      random_row(out + b * s.width, s.width, draft_range(cu, b, s.num_tokens, s.width - 1), draft,
+                 q_probs, p_probs, s.vocab, recovered, uniform, bonus[b]);
     }
   });
 }

@@ -9,10 +9,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "rejection_rows.h"
 #include "sampling.h"
 
 namespace specops {
@@ -56,21 +58,8 @@ __global__ void rejection_greedy_sample_kernel(int32_t* __restrict__ out,       
                                                int64_t batch, int64_t num_tokens, int64_t width) {
   const int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (b >= batch || !owns_row(is_greedy, b, true)) return;
-  int32_t* row = out + b * width;
-  const DraftRange r = draft_range(cu, b, num_tokens, width - 1);
-  int64_t i = 0;
-  bool all_accepted = true;
-  for (; i < r.count; ++i) {
-    const int64_t target = target_argmax[r.start + i];
-    row[i] = static_cast<int32_t>(target);
-    if (draft[r.start + i] != target) {
-      all_accepted = false;
-      ++i;
-      break;
-    }
-  }
-  if (all_accepted) row[i++] = static_cast<int32_t>(bonus[b]);
-  for (; i < width; ++i) row[i] = -1;
+  greedy_row(out + b * width, width, draft_range(cu, b, num_tokens, width - 1), draft, target_argmax,
+             bonus[b]);
 }
 
 __global__ void rejection_random_sample_kernel(int32_t* __restrict__ out,             // [B, S + 1]
@@ -86,27 +75,8 @@ __global__ void rejection_random_sample_kernel(int32_t* __restrict__ out,       
                                                int64_t width) {
   const int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (b >= batch || !owns_row(is_greedy, b, false)) return;
-  int32_t* row = out + b * width;
-  const DraftRange r = draft_range(cu, b, num_tokens, width - 1);
-  int64_t i = 0;
-  bool all_accepted = true;
-  for (; i < r.count; ++i) {
-    const int64_t t = r.start + i;
-    const int64_t token = draft[t];
-    bool ok = false;
-    if (token >= 0 && token < vocab) {  // an id outside the vocab is never read: reject
-      const float q = draft_probs != nullptr ? draft_probs[t * vocab + token] : 1.f;
-      ok = accepts(uniform[t], q, target_probs[t * vocab + token]);
-    }
-    if (!ok) {
-      row[i++] = static_cast<int32_t>(recovered[t]);
-      all_accepted = false;
-      break;
-    }
-    row[i] = static_cast<int32_t>(token);
-  }
-  if (all_accepted) row[i++] = static_cast<int32_t>(bonus[b]);
-  for (; i < width; ++i) row[i] = -1;
+  random_row(out + b * width, width, draft_range(cu, b, num_tokens, width - 1), draft, draft_probs,
+             target_probs, vocab, recovered, uniform, bonus[b]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -263,20 +233,46 @@ __global__ void recovered_combine_kernel(const Candidate* __restrict__ partials,
   if (lane == 0) recovered[t] = best.index;
 }
 
-// Splits per row: enough programs to give every multiprocessor about four, but chunks of
-// at least kMinChunk floats so each program streams long enough to hide its start.
+// Splits per row. The grid should fill its last wave: with 256 rows and 528 resident
+// programs, 3 splits (768 programs) leave the second wave half empty while 2 splits run
+// in one full wave. So: the split count whose grid fills its last wave best, among those
+// that keep chunks of at least kMinChunk floats (long enough streams) and no more than
+// kMaxWaves waves; ties go to fewer splits (fewer partials to combine).
 constexpr int64_t kMinChunk = 4096;
+constexpr int64_t kMaxWaves = 8;
 
-int64_t recovered_num_splits(int64_t num_tokens, int64_t vocab, int num_sms) {
-  const int64_t wanted = (4 * int64_t{num_sms} + num_tokens - 1) / num_tokens;
-  const int64_t most = (vocab + kMinChunk - 1) / kMinChunk;
-  return std::max<int64_t>(1, std::min<int64_t>({wanted, most, 1024}));
+int64_t recovered_num_splits(int64_t num_tokens, int64_t vocab, int64_t resident) {
+  const int64_t most = std::min<int64_t>(std::max<int64_t>(1, vocab / kMinChunk), 1024);
+  int64_t best = 1;
+  double best_fill = 0.0;
+  for (int64_t splits = 1; splits <= most; ++splits) {
+    const int64_t programs = num_tokens * splits;
+    const int64_t waves = (programs + resident - 1) / resident;
+    if (waves > kMaxWaves && splits > 1) break;
+    const double fill = static_cast<double>(programs) / static_cast<double>(waves * resident);
+    if (fill > best_fill + 1e-6) {
+      best = splits;
+      best_fill = fill;
+    }
+  }
+  return best;
 }
 
-int multiprocessor_count(int device) {
-  int count = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
+using ScanKernel = void (*)(const float*, const float*, const float*, const int32_t*, TokenIds,
+                            int64_t, int64_t, int64_t, Candidate*, int32_t*);
+
+// Programs of scan kernel `variant` that fit on `device` at once (occupancy x SMs),
+// measured once per variant and device.
+int64_t resident_programs(ScanKernel kernel, int variant, int device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int64_t> cache[4][kMaxDevices] = {};
+  if (device < kMaxDevices && cache[variant][device].load() > 0) return cache[variant][device].load();
+  int per_sm = 0, sms = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRecoveredThreads, 0));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t resident = std::max<int64_t>(1, int64_t{per_sm} * sms);
+  if (device < kMaxDevices) cache[variant][device].store(resident);
+  return resident;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -361,15 +357,20 @@ at::Tensor sample_recovered_tokens_cuda(const at::Tensor& cu_num_draft_tokens,
   const c10::cuda::CUDAGuard guard(target_probs.device());
   at::Tensor out = at::empty({s.num_tokens}, cu_num_draft_tokens.options());
   if (s.num_tokens == 0) return out;
-  const int num_sms = multiprocessor_count(target_probs.get_device());
-  int64_t splits = recovered_num_splits(s.num_tokens, s.vocab, num_sms);
   const float* q = optional_float_ptr(draft_probs);
   const bool vec = s.vocab % 4 == 0 && aligned16(target_probs.data_ptr()) &&
                    aligned16(exponentials.data_ptr()) && (q == nullptr || aligned16(q));
+  const ScanKernel variants[4] = {recovered_scan_kernel<false, false>, recovered_scan_kernel<false, true>,
+                                  recovered_scan_kernel<true, false>, recovered_scan_kernel<true, true>};
+  const int variant = 2 * (q != nullptr) + vec;
+  const ScanKernel kernel = variants[variant];
+  const int64_t resident = resident_programs(kernel, variant, target_probs.get_device());
+  int64_t splits = recovered_num_splits(s.num_tokens, s.vocab, resident);
   int64_t chunk = (s.vocab + splits - 1) / splits;
   chunk = (chunk + 3) / 4 * 4;  // float4-aligned chunk starts
   splits = (s.vocab + chunk - 1) / chunk;
-  TORCH_CHECK(s.num_tokens <= INT32_MAX, "num_tokens must be below 2^31, got ", std::to_string(s.num_tokens));
+  TORCH_CHECK(s.num_tokens <= INT32_MAX, "num_tokens must be below 2^31, got ",
+              std::to_string(s.num_tokens));
   at::Tensor partials;
   Candidate* partials_ptr = nullptr;
   if (splits > 1) {
@@ -378,17 +379,10 @@ at::Tensor sample_recovered_tokens_cuda(const at::Tensor& cu_num_draft_tokens,
   }
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const dim3 grid(static_cast<unsigned>(s.num_tokens), static_cast<unsigned>(splits));
-  const auto args = [&](auto kernel) {
-    kernel<<<grid, kRecoveredThreads, 0, stream>>>(
-        target_probs.data_ptr<float>(), q, exponentials.data_ptr<float>(),
-        cu_num_draft_tokens.data_ptr<int32_t>(), token_ids(draft_token_ids), s.batch, s.vocab, chunk,
-        partials_ptr, out.data_ptr<int32_t>());
-  };
-  if (q != nullptr) {
-    vec ? args(recovered_scan_kernel<true, true>) : args(recovered_scan_kernel<true, false>);
-  } else {
-    vec ? args(recovered_scan_kernel<false, true>) : args(recovered_scan_kernel<false, false>);
-  }
+  kernel<<<grid, kRecoveredThreads, 0, stream>>>(
+      target_probs.data_ptr<float>(), q, exponentials.data_ptr<float>(),
+      cu_num_draft_tokens.data_ptr<int32_t>(), token_ids(draft_token_ids), s.batch, s.vocab, chunk,
+      partials_ptr, out.data_ptr<int32_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (splits > 1) {
     constexpr int kCombineThreads = 256;
