@@ -1,0 +1,98 @@
+"""exp and log built from IEEE float32 operations alone, so every backend computes them bit
+for bit alike (the libraries' expf/logf differ in the last ulp between CPU, CUDA and
+Triton). Every line is one correctly rounded float32 operation, in this order; kernels
+must not contract a multiply and an add into an FMA (C++: -ffp-contract=off or explicit
+__fmul_rn/__fadd_rn; Triton: enable_fp_fusion=False).
+
+Accuracy: exp within 8e-8 relative for arguments near 0, growing as |x| * 2^-24 (the
+rounding of x * log2(e)); log within 1e-6 absolute on (0, 1]. Both are far inside what a
+float32 softmax or an Exp(1) draw needs; their value is that they are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOG2E = 1.4426950408889634  # rounded to float32 where used
+LN2 = 0.6931471805599453
+SQRT2 = 1.4142135
+# 2^f on [0, 1), degree 7 (Chebyshev fit), Horner from the highest coefficient.
+EXP2_COEFFICIENTS = (
+    2.1651645511155948e-05,
+    0.00014299429312814027,
+    0.001342980656772852,
+    0.009613536298274994,
+    0.05550529062747955,
+    0.2402263581752777,
+    0.6931471824645996,
+    1.0,
+)
+# log(m) = 2 atanh(s), s = (m - 1) / (m + 1): 2 (s + s^3/3 + ... + s^9/9), Horner in s^2.
+LOG_SERIES = (2.0 / 9.0, 2.0 / 7.0, 2.0 / 5.0, 2.0 / 3.0, 2.0)
+EXP_LOWEST = -125.0  # below 2^-125 the result is flushed to 0 (no subnormal outputs)
+
+
+def _f32(value: float) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float32)
+
+
+def repro_exp(x: torch.Tensor) -> torch.Tensor:
+    """exp(x) for float32 x <= 0 (softmax numerators after subtracting the max)."""
+    y = x * _f32(LOG2E)
+    n = torch.floor(y)
+    f = y - n  # exact: y and floor(y) share their leading bits
+    acc = torch.full_like(f, EXP2_COEFFICIENTS[0])
+    for c in EXP2_COEFFICIENTS[1:]:
+        acc = acc * f
+        acc = acc + _f32(c)
+    n_int = n.clamp(min=EXP_LOWEST).to(torch.int32)
+    scale = ((n_int + 127) << 23).view(torch.float32)  # 2^n from its bits
+    out = acc * scale  # exact
+    return torch.where(y < EXP_LOWEST, torch.zeros_like(out), out)
+
+
+def repro_log(u: torch.Tensor) -> torch.Tensor:
+    """log(u) for normal float32 u > 0."""
+    bits = u.view(torch.int32)
+    e = (bits >> 23) - 127
+    m = ((bits & 0x7FFFFF) | 0x3F800000).view(torch.float32)  # u = m * 2^e, m in [1, 2)
+    big = m > _f32(SQRT2)
+    m = torch.where(big, m * _f32(0.5), m)  # m in [sqrt(1/2), sqrt(2)): small s below
+    e = torch.where(big, e + 1, e)
+    s = (m - _f32(1.0)) / (m + _f32(1.0))
+    s2 = s * s
+    acc = torch.full_like(s, LOG_SERIES[0])
+    for c in LOG_SERIES[1:]:
+        acc = acc * s2
+        acc = acc + _f32(c)
+    log_m = acc * s
+    return e.to(torch.float32) * _f32(LN2) + log_m
+
+
+# log1p(x) = 2 atanh(s), s = x / (2 + x): 2 s (1 + s^2/3 + ... + s^12/13), for |s| <= 1/3.
+LOG1P_SERIES = (1.0 / 13.0, 1.0 / 11.0, 1.0 / 9.0, 1.0 / 7.0, 1.0 / 5.0, 1.0 / 3.0, 1.0)
+
+
+def repro_exponential(word: torch.Tensor) -> torch.Tensor:
+    """An Exp(1) draw from a uint32 word (held in int64): ``-log(1 - v)``,
+    ``v = (word + 1/2) 2^-32`` in float32.
+
+    Computed as ``-log1p(-v)`` by the atanh series while v < 1/2, so small draws keep
+    their relative precision (``-log(u)`` of a 24-bit u near 1 would give exact zeros
+    with probability 2^-24 each: a token with E = 0 wins any race), and as ``-log(1 - v)``
+    above (1 - v is exact there). v rounds to 1 only for the top few words: E = +inf,
+    whose score 0 never wins a race a positive score enters.
+    """
+    v = (word.to(torch.float32) + _f32(0.5)) * _f32(2.0**-32)
+    x = -v
+    s = x / (_f32(2.0) + x)
+    s2 = s * s
+    acc = torch.full_like(s, LOG1P_SERIES[0])
+    for c in LOG1P_SERIES[1:]:
+        acc = acc * s2
+        acc = acc + _f32(c)
+    small = -((s * acc) * _f32(2.0))
+    one_minus = _f32(1.0) - v
+    large = -repro_log(torch.where(one_minus > 0, one_minus, torch.ones_like(one_minus)))
+    large = torch.where(one_minus > 0, large, torch.full_like(large, float("inf")))
+    return torch.where(v < _f32(0.5), small, large)

@@ -1,0 +1,205 @@
+"""Reference of the fused ``verify`` op: from target logits to emitted tokens.
+
+One request at a time, as the algorithm reads. Every floating-point step is one float32
+operation in a fixed order, the sums that normalise a distribution are exact (fixed
+point), exp and log are built from IEEE operations (reference/repro_math.py) and every
+random draw comes from Philox4x32-10 (reference/philox.py): so a kernel that follows the
+same steps returns exactly these tokens, and a seeded request returns the same tokens in
+any batch.
+
+The processed target distribution of a random request (temperature T > 0), per row:
+1. top-k (``0 < k < V``): keep tokens whose logit is >= the k-th largest (ties kept);
+2. ``w_v = exp((l_v - max l) / T)`` for kept tokens, 0 otherwise;
+   ``p_v = w_v / Z`` with ``Z = sum_v floor(w_v * 2^40) * 2^-40`` (an exact integer sum);
+3. top-p (``top_p < 1``): keep token v when the mass of tokens strictly more probable
+   than v is below top_p (ties kept together; masses in exact 2^-32 fixed point), then
+   renormalise as in 2.
+Greedy requests (T = 0) take the argmax of the raw logits (ties to the lowest index).
+
+Randomness, keyed by the request's seed, with counter (absolute position, purpose, index):
+- draft i of request b sits at ``positions[b] + i``; its acceptance uniform is word 0 of
+  ``philox(seed, (pos, PURPOSE_ACCEPT, 0))``, 24 bits;
+- a token sampled at position pos (the recovered token at the first rejection, or the
+  bonus token at ``positions[b] + num_drafts``) wins the exponential race
+  ``argmax_v r_v / E_v``, ``E_v`` an Exp(1) draw (repro_math.repro_exponential) from word
+  ``v % 4`` of ``philox(seed, (pos, PURPOSE_SAMPLE, v // 4))``; r is the residual ``max(p - q, 0)``
+  (n-gram: p without the draft) at a rejection, p itself for the bonus token.
+No (position, purpose) pair is used twice across steps: the next step starts right after
+the last emitted token.
+
+Accept ``x_i`` when ``q_i(x_i) > 0`` and ``u_i * q_i(x_i) < p_i(x_i)`` (n-gram: q = 1).
+Log-probabilities (when asked) are ``log p(token)`` under the processed distribution
+(greedy rows: under the temperature-1 softmax of the raw logits), 0 in padding columns.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specops.reference import philox
+from specops.reference.repro_math import repro_exp, repro_exponential, repro_log
+
+PLACEHOLDER_TOKEN_ID = -1
+FIXED_SCALE_BITS = 40  # normaliser sums: floor(w * 2^40), w in [0, 1]
+TOP_P_MASS_BITS = 32  # top-p masses: floor(p * 2^32)
+TOP_P_BITS = 24  # top_p as floor(top_p * 2^24)
+
+
+def _fixed_sum(w: torch.Tensor) -> torch.Tensor:
+    """sum_v floor(w_v * 2^40) * 2^-40 as float32 (exact integer sum, one rounding)."""
+    fixed = torch.floor(w * float(2**FIXED_SCALE_BITS)).to(torch.int64)
+    return fixed.sum().to(torch.float32) * float(2.0**-FIXED_SCALE_BITS)
+
+
+def _normalise(w: torch.Tensor) -> torch.Tensor:
+    return w / _fixed_sum(w)
+
+
+def _top_p_keep(p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Tokens whose strictly-more-probable mass is below top_p, in exact fixed point."""
+    mass = torch.floor(p * float(2**TOP_P_MASS_BITS)).to(torch.int64)
+    total = int(mass.sum())
+    threshold = int(torch.floor(torch.tensor(top_p, dtype=torch.float32) * float(2**TOP_P_BITS)))
+    values, order = torch.sort(p, descending=True, stable=True)
+    exclusive = torch.cumsum(mass[order], 0) - mass[order]
+    # Tied values share the exclusive mass of the first of their group.
+    _, counts = torch.unique_consecutive(values, return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    group_mass = torch.repeat_interleave(exclusive[starts], counts)
+    keep_sorted = group_mass * (1 << TOP_P_BITS) < threshold * total
+    keep = torch.empty_like(keep_sorted)
+    keep[order] = keep_sorted
+    return keep
+
+
+def processed_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The processed target distribution of one row (module docstring, steps 1-3). [V] float32."""
+    z = logits.to(torch.float32)
+    vocab = z.shape[0]
+    keep = torch.ones(vocab, dtype=torch.bool)
+    if 0 < top_k < vocab:
+        kth = torch.topk(z, top_k).values[-1]
+        keep = z >= kth
+    s = (z - z.max()) / torch.tensor(temperature, dtype=torch.float32)
+    w = torch.where(keep, repro_exp(s), torch.zeros_like(s))
+    p = _normalise(w)
+    if top_p < 1.0:
+        w = torch.where(_top_p_keep(p, top_p), w, torch.zeros_like(w))
+        p = _normalise(w)
+    return p
+
+
+def _words(seed: int, position: int, purpose: int, num_words: int) -> torch.Tensor:
+    """The first num_words Philox words of stream (seed, position, purpose)."""
+    blocks = torch.arange((num_words + 3) // 4, dtype=torch.int64)
+    counter = philox.counters(torch.tensor(position, dtype=torch.int64), purpose, blocks)
+    key = philox.keys(torch.tensor(seed, dtype=torch.int64))
+    return philox.philox4x32_10(counter, key).reshape(-1)[:num_words]
+
+
+def accept_uniform(seed: int, position: int) -> torch.Tensor:
+    return philox.uniform_from_word(_words(seed, position, philox.PURPOSE_ACCEPT, 1)[0])
+
+
+def race_exponentials(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """Exp(1) draws of the race at a position (repro_math.repro_exponential). [V] float32."""
+    return repro_exponential(_words(seed, position, philox.PURPOSE_SAMPLE, vocab))
+
+
+def race(weights: torch.Tensor, exponentials: torch.Tensor) -> int:
+    """argmax_v w_v / E_v over w_v > 0 (ties to the lowest index; -1 scores otherwise)."""
+    scores = torch.where(weights > 0, weights / exponentials, torch.full_like(weights, -1.0))
+    return int(torch.argmax(scores))
+
+
+def _greedy_request(rows, bonus_row, drafts, width, return_logprobs):
+    tokens, logprobs = [], []
+    for i in range(len(drafts) + 1):
+        row = rows[i] if i < len(drafts) else bonus_row
+        z = row.to(torch.float32)
+        target = int(torch.argmax(z))
+        tokens.append(target)
+        if return_logprobs:
+            logprobs.append(float(repro_log(processed_probs(z, 1.0, 0, 1.0)[target : target + 1])[0]))
+        if i < len(drafts) and drafts[i] != target:
+            return tokens, len(tokens) - 1, logprobs
+    return tokens, len(drafts), logprobs
+
+
+def _random_request(rows, bonus_row, drafts, draft_rows, params, return_logprobs):
+    temperature, top_k, top_p, seed, position = params
+    tokens, logprobs = [], []
+    for i, x in enumerate(drafts):
+        p = processed_probs(rows[i], temperature, top_k, top_p)
+        q = draft_rows[i] if draft_rows is not None else None
+        q_x = q[x] if q is not None else torch.tensor(1.0)
+        u = accept_uniform(seed, position + i)
+        if bool(q_x > 0) and bool(u * q_x < p[x]):
+            tokens.append(x)
+            if return_logprobs:
+                logprobs.append(float(repro_log(p[x : x + 1])[0]))
+            continue
+        residual = torch.clamp(p - q, min=0) if q is not None else torch.where(
+            torch.arange(p.shape[0]) == x, torch.zeros_like(p), p)
+        token = race(residual, race_exponentials(seed, position + i, p.shape[0]))
+        tokens.append(token)
+        if return_logprobs:
+            logprobs.append(float(repro_log(p[token : token + 1])[0]) if p[token] > 0 else float("-inf"))
+        return tokens, i, logprobs
+    p = processed_probs(bonus_row, temperature, top_k, top_p)
+    token = race(p, race_exponentials(seed, position + len(drafts), p.shape[0]))
+    tokens.append(token)
+    if return_logprobs:
+        logprobs.append(float(repro_log(p[token : token + 1])[0]))
+    return tokens, len(drafts), logprobs
+
+
+def verify(
+    target_logits: torch.Tensor,  # [num_tokens, V] float32 | bfloat16 | float16
+    bonus_logits: torch.Tensor,  # [B, V], dtype of target_logits
+    draft_token_ids: torch.Tensor,  # [num_tokens] int32 | int64
+    draft_probs: torch.Tensor | None,  # [num_tokens, V] float32; None: n-gram drafts
+    cu_num_draft_tokens: torch.Tensor,  # [B] int32
+    temperature: torch.Tensor,  # [B] float32, 0 = greedy
+    top_k: torch.Tensor | None,  # [B] int32; <= 0 or >= V: no top-k
+    top_p: torch.Tensor | None,  # [B] float32; >= 1: no top-p
+    seeds: torch.Tensor,  # [B] int64
+    positions: torch.Tensor,  # [B] int64, absolute position of each request's first draft
+    max_spec_len: int,
+    return_logprobs: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns ``(output_token_ids [B, max_spec_len + 1] int32 padded with -1,
+    num_accepted [B] int32, logprobs [B, max_spec_len + 1] float32 or [0, 0])``."""
+    for name, t in (("target_logits", target_logits), ("bonus_logits", bonus_logits)):
+        if not bool(torch.isfinite(t.float()).all()):
+            raise ValueError(f"{name} holds NaN or inf")
+    batch = cu_num_draft_tokens.shape[0]
+    width = max_spec_len + 1
+    out = torch.full((batch, width), PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+    num_accepted = torch.zeros(batch, dtype=torch.int32)
+    logprobs = torch.zeros((batch, width) if return_logprobs else (0, 0), dtype=torch.float32)
+    for b in range(batch):
+        start = 0 if b == 0 else int(cu_num_draft_tokens[b - 1])
+        end = int(cu_num_draft_tokens[b])
+        rows = target_logits[start:end].cpu()
+        drafts = [int(x) for x in draft_token_ids[start:end]]
+        bonus_row = bonus_logits[b].cpu()
+        temp = float(temperature[b])
+        if temp == 0.0:
+            tokens, accepted, lps = _greedy_request(rows, bonus_row, drafts, width, return_logprobs)
+        else:
+            params = (
+                temp,
+                int(top_k[b]) if top_k is not None else 0,
+                float(top_p[b]) if top_p is not None else 1.0,
+                int(seeds[b]),
+                int(positions[b]),
+            )
+            draft_rows = draft_probs[start:end].cpu() if draft_probs is not None else None
+            tokens, accepted, lps = _random_request(rows, bonus_row, drafts, draft_rows, params, return_logprobs)
+        out[b, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        num_accepted[b] = accepted
+        if return_logprobs:
+            logprobs[b, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
+    device = target_logits.device
+    return out.to(device), num_accepted.to(device), logprobs.to(device)
