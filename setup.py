@@ -24,7 +24,9 @@ def _with_cuda() -> bool:
 
 def _extension():
     cpp_sources = sorted(glob.glob("csrc/*.cpp"))
-    cxx_flags = ["-O3"]
+    # No FMA contraction: the reproducible exp/log (csrc/repro_math.h) need every float
+    # operation rounded on its own, as the reference does.
+    cxx_flags = ["-O3", "-ffp-contract=off"]
     macros = []
     if not _with_cuda():
         return CppExtension("specops._C", cpp_sources, extra_compile_args={"cxx": cxx_flags},

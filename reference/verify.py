@@ -59,7 +59,8 @@ def _top_p_keep(p: torch.Tensor, top_p: float) -> torch.Tensor:
     """Tokens whose strictly-more-probable mass is below top_p, in exact fixed point."""
     mass = torch.floor(p * float(2**TOP_P_MASS_BITS)).to(torch.int64)
     total = int(mass.sum())
-    threshold = int(torch.floor(torch.tensor(top_p, dtype=torch.float32) * float(2**TOP_P_BITS)))
+    # At least 1: the most probable tokens (strictly-greater mass 0) are always kept.
+    threshold = max(1, int(torch.floor(torch.tensor(top_p, dtype=torch.float32) * float(2**TOP_P_BITS))))
     values, order = torch.sort(p, descending=True, stable=True)
     exclusive = torch.cumsum(mass[order], 0) - mass[order]
     # Tied values share the exclusive mass of the first of their group.
@@ -106,6 +107,12 @@ def race_exponentials(seed: int, position: int, vocab: int) -> torch.Tensor:
     return repro_exponential(_words(seed, position, philox.PURPOSE_SAMPLE, vocab))
 
 
+def log_prob(p: torch.Tensor) -> float:
+    """repro_log of one probability, clamped to the smallest normal float (repro_log reads
+    the exponent bits, so subnormal inputs are out of its domain)."""
+    return float(repro_log(torch.clamp(p.reshape(1), min=torch.finfo(torch.float32).tiny))[0])
+
+
 def race(weights: torch.Tensor, exponentials: torch.Tensor) -> int:
     """argmax_v w_v / E_v over w_v > 0 (ties to the lowest index; -1 scores otherwise)."""
     scores = torch.where(weights > 0, weights / exponentials, torch.full_like(weights, -1.0))
@@ -120,7 +127,7 @@ def _greedy_request(rows, bonus_row, drafts, width, return_logprobs):
         target = int(torch.argmax(z))
         tokens.append(target)
         if return_logprobs:
-            logprobs.append(float(repro_log(processed_probs(z, 1.0, 0, 1.0)[target : target + 1])[0]))
+            logprobs.append(log_prob(processed_probs(z, 1.0, 0, 1.0)[target]))
         if i < len(drafts) and drafts[i] != target:
             return tokens, len(tokens) - 1, logprobs
     return tokens, len(drafts), logprobs
@@ -137,20 +144,20 @@ def _random_request(rows, bonus_row, drafts, draft_rows, params, return_logprobs
         if bool(q_x > 0) and bool(u * q_x < p[x]):
             tokens.append(x)
             if return_logprobs:
-                logprobs.append(float(repro_log(p[x : x + 1])[0]))
+                logprobs.append(log_prob(p[x]))
             continue
         residual = torch.clamp(p - q, min=0) if q is not None else torch.where(
             torch.arange(p.shape[0]) == x, torch.zeros_like(p), p)
         token = race(residual, race_exponentials(seed, position + i, p.shape[0]))
         tokens.append(token)
         if return_logprobs:
-            logprobs.append(float(repro_log(p[token : token + 1])[0]) if p[token] > 0 else float("-inf"))
+            logprobs.append(log_prob(p[token]))
         return tokens, i, logprobs
     p = processed_probs(bonus_row, temperature, top_k, top_p)
     token = race(p, race_exponentials(seed, position + len(drafts), p.shape[0]))
     tokens.append(token)
     if return_logprobs:
-        logprobs.append(float(repro_log(p[token : token + 1])[0]))
+        logprobs.append(log_prob(p[token]))
     return tokens, len(drafts), logprobs
 
 

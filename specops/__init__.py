@@ -16,6 +16,7 @@ from specops.ops import (
     rejection_greedy_sample,
     rejection_random_sample,
     sample_recovered_tokens,
+    verify,
 )
 
 from specops.backend import triton_available as _triton_available
@@ -33,5 +34,6 @@ __all__ = [
     "rejection_greedy_sample",
     "rejection_random_sample",
     "sample_recovered_tokens",
+    "verify",
 ]
 __version__ = "0.1.0"

@@ -216,3 +216,66 @@ def validate_token_ids(ids: torch.Tensor, name: str, vocab: int) -> None:
     lo, hi = torch.stack([ids.min(), ids.max()]).tolist()
     if lo < 0 or hi >= vocab:
         raise ValueError(f"{name} holds an id outside the vocab [0, {vocab}): min {lo}, max {hi}")
+
+
+def check_verify(
+    target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
+    seeds, positions, max_spec_len,
+) -> RaggedSizes:
+    """Mirror of csrc/verify_checks.cpp."""
+    if target_logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"target_logits must be float32, bfloat16 or float16, got {target_logits.dtype}")
+    if target_logits.dim() != 2 or target_logits.shape[1] < 1:
+        raise ValueError(f"target_logits must have shape [num_tokens, vocab], got {_shape(target_logits)}")
+    if not target_logits.is_contiguous():
+        raise ValueError("target_logits must be contiguous")
+    num_tokens, vocab = target_logits.shape
+    ref = target_logits
+    batch = _cu(cu_num_draft_tokens)
+    _device(cu_num_draft_tokens, "cu_num_draft_tokens", ref, "target_logits")
+    if bonus_logits.dtype != target_logits.dtype:
+        raise TypeError(f"bonus_logits must be {target_logits.dtype} like target_logits, got {bonus_logits.dtype}")
+    _device(bonus_logits, "bonus_logits", ref, "target_logits")
+    _rows(bonus_logits, "bonus_logits", batch, "batch", vocab)
+    _device(draft_token_ids, "draft_token_ids", ref, "target_logits")
+    _ids(draft_token_ids, "draft_token_ids")
+    _one_d(draft_token_ids, "draft_token_ids", num_tokens, "num_tokens")
+    if draft_probs is not None:
+        _device(draft_probs, "draft_probs", ref, "target_logits")
+        _dtype(draft_probs, "draft_probs", torch.float32)
+        _rows(draft_probs, "draft_probs", num_tokens, "num_tokens", vocab)
+    for name, t, dtype in (
+        ("temperature", temperature, torch.float32),
+        ("top_k", top_k, torch.int32),
+        ("top_p", top_p, torch.float32),
+        ("seeds", seeds, torch.int64),
+        ("positions", positions, torch.int64),
+    ):
+        if t is None:
+            continue
+        _device(t, name, ref, "target_logits")
+        _dtype(t, name, dtype)
+        _one_d(t, name, batch, "batch")
+    if max_spec_len < 0:
+        raise ValueError(f"max_spec_len must be >= 0, got {max_spec_len}")
+    return RaggedSizes(batch, num_tokens, vocab, max_spec_len + 1)
+
+
+def validate_verify_values(target_logits, bonus_logits, temperature, top_k, top_p) -> None:
+    """Finite logits and sampling parameters in range (one device sync on a GPU)."""
+    stats = torch.stack(
+        [
+            torch.isfinite(target_logits).all().float() if target_logits.numel() else temperature.new_ones(()),
+            torch.isfinite(bonus_logits).all().float() if bonus_logits.numel() else temperature.new_ones(()),
+            (temperature >= 0).all().float() if temperature.numel() else temperature.new_ones(()),
+            (top_p > 0).all().float() if top_p is not None and top_p.numel() else temperature.new_ones(()),
+        ]
+    ).tolist()
+    if stats[0] < 1:
+        raise ValueError("target_logits holds NaN or inf")
+    if stats[1] < 1:
+        raise ValueError("bonus_logits holds NaN or inf")
+    if stats[2] < 1:
+        raise ValueError("temperature must be >= 0 (0 means greedy)")
+    if stats[3] < 1:
+        raise ValueError("top_p must be > 0")

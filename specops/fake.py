@@ -69,3 +69,28 @@ def _sample_recovered_tokens_fake(cu_num_draft_tokens, draft_token_ids, draft_pr
         cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, exponentials
     )
     return target_probs.new_empty((sizes.num_tokens,), dtype=torch.int32)
+
+
+@torch.library.register_fake("specops::verify")
+def _verify_fake(
+    target_logits,
+    bonus_logits,
+    draft_token_ids,
+    draft_probs,
+    cu_num_draft_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seeds,
+    positions,
+    max_spec_len,
+    return_logprobs=False,
+):
+    sizes = _checks.check_verify(
+        target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
+        seeds, positions, max_spec_len,
+    )
+    out = cu_num_draft_tokens.new_empty((sizes.batch, sizes.width))
+    num_accepted = cu_num_draft_tokens.new_empty((sizes.batch,))
+    logprobs = temperature.new_empty((sizes.batch, sizes.width) if return_logprobs else (0, 0))
+    return out, num_accepted, logprobs

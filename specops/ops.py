@@ -16,6 +16,7 @@ import torch
 from specops import _checks
 from specops.backend import Backend, resolve
 from specops.reference import sampling as reference
+from specops.reference import verify as reference_verify
 
 
 def _should_validate(validate: bool, device: torch.device) -> bool:
@@ -198,4 +199,67 @@ def sample_recovered_tokens(
         _checks.validate_token_ids(draft_token_ids, "draft_token_ids", target_probs.shape[-1])
     return _op("sample_recovered_tokens", chosen)(
         cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, exponentials
+    )
+
+
+def verify(
+    target_logits: torch.Tensor,
+    bonus_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    cu_num_draft_tokens: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    max_spec_len: int,
+    return_logprobs: bool = False,
+    *,
+    backend: Backend | str | None = None,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused verification step: from target logits to emitted tokens.
+
+    Greedy (temperature 0) and random requests, with or without draft probs, in one
+    call; temperature, top-k and top-p applied to the target exactly; random draws from
+    Philox keyed by (seed, absolute position, purpose), so a seeded request returns the
+    same tokens in any batch and on any backend. specops.reference.verify states the
+    contract step by step.
+
+    Parameters
+    ----------
+    target_logits : Shape: ``[num_tokens, V]``, float32 | bfloat16 | float16.
+    bonus_logits : Shape: ``[B, V]``, dtype of target_logits.
+    draft_token_ids : Shape: ``[num_tokens]``, int32 | int64.
+    draft_probs : None for n-gram drafts. Shape: ``[num_tokens, V]``, float32.
+    cu_num_draft_tokens : Shape: ``[B]``, int32.
+    temperature : 0 = greedy. Shape: ``[B]``, float32.
+    top_k : <= 0 or >= V: off. Shape: ``[B]``, int32, or None.
+    top_p : >= 1: off. Shape: ``[B]``, float32, or None.
+    seeds : Shape: ``[B]``, int64.
+    positions : absolute position of each request's first draft token. Shape: ``[B]``, int64.
+    max_spec_len : output width - 1.
+    return_logprobs : also return log p(token) under the processed distribution.
+
+    Returns
+    -------
+    ``(output_token_ids [B, max_spec_len + 1] int32 padded with -1, num_accepted [B]
+    int32, logprobs [B, max_spec_len + 1] float32, or [0, 0] when not asked)``.
+
+    Backends: the C++ CPU kernel and the reference so far; the CUDA and Triton kernels
+    are not written yet, and asking for them on CUDA tensors raises.
+    """
+    device = target_logits.device
+    chosen = resolve(backend, device)
+    if chosen in (Backend.CUDA, Backend.TRITON):
+        raise NotImplementedError(f"verify has no {chosen.value} kernel yet: use backend='reference' on {device}")
+    if _should_validate(validate, device):
+        _checks.validate_cu_num_draft_tokens(cu_num_draft_tokens, draft_token_ids.shape[0], max_spec_len)
+        _checks.validate_token_ids(draft_token_ids, "draft_token_ids", target_logits.shape[-1])
+        _checks.validate_verify_values(target_logits, bonus_logits, temperature, top_k, top_p)
+    op = reference_verify.verify if chosen is Backend.REFERENCE else torch.ops.specops.verify
+    return op(
+        target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
+        seeds, positions, max_spec_len, return_logprobs,
     )

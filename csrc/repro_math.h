@@ -1,0 +1,89 @@
+// exp, log and Exp(1) draws from IEEE float32 operations alone, host and device, bit for
+// bit reference/repro_math.py (see there for the method and accuracy). Every operation is
+// a separate correctly rounded one: the CPU build passes -ffp-contract=off, and device
+// code uses __fmul_rn/__fadd_rn, which nvcc never contracts into an FMA.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "token_ids.h"
+
+namespace specops {
+namespace repro {
+
+#if defined(__CUDA_ARCH__)
+SPECOPS_HOST_DEVICE float mul(float a, float b) { return __fmul_rn(a, b); }
+SPECOPS_HOST_DEVICE float add(float a, float b) { return __fadd_rn(a, b); }
+SPECOPS_HOST_DEVICE float sub(float a, float b) { return __fsub_rn(a, b); }
+SPECOPS_HOST_DEVICE float div(float a, float b) { return __fdiv_rn(a, b); }
+#else
+SPECOPS_HOST_DEVICE float mul(float a, float b) { return a * b; }
+SPECOPS_HOST_DEVICE float add(float a, float b) { return a + b; }
+SPECOPS_HOST_DEVICE float sub(float a, float b) { return a - b; }
+SPECOPS_HOST_DEVICE float div(float a, float b) { return a / b; }
+#endif
+
+SPECOPS_HOST_DEVICE float from_bits(int32_t bits) {
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+SPECOPS_HOST_DEVICE int32_t to_bits(float f) {
+  int32_t bits;
+  memcpy(&bits, &f, sizeof bits);
+  return bits;
+}
+
+// exp(x) for x <= 0; 0 below 2^-125.
+SPECOPS_HOST_DEVICE float exp(float x) {
+  constexpr float kCoefficients[8] = {
+      2.1651645511155948e-05f, 0.00014299429312814027f, 0.001342980656772852f,
+      0.009613536298274994f,   0.05550529062747955f,    0.2402263581752777f,
+      0.6931471824645996f,     1.0f};
+  const float y = mul(x, 1.4426950408889634f);
+  if (y < -125.0f) return 0.0f;
+  const float n = floorf(y);
+  const float f = sub(y, n);
+  float acc = kCoefficients[0];
+  for (int i = 1; i < 8; ++i) acc = add(mul(acc, f), kCoefficients[i]);
+  return mul(acc, from_bits((static_cast<int32_t>(n) + 127) << 23));
+}
+
+// log(u) for normal u > 0.
+SPECOPS_HOST_DEVICE float log(float u) {
+  constexpr float kSeries[5] = {2.0f / 9.0f, 2.0f / 7.0f, 2.0f / 5.0f, 2.0f / 3.0f, 2.0f};
+  const int32_t bits = to_bits(u);
+  int32_t e = (bits >> 23) - 127;
+  float m = from_bits((bits & 0x7FFFFF) | 0x3F800000);
+  if (m > 1.4142135f) {
+    m = mul(m, 0.5f);
+    e += 1;
+  }
+  const float s = div(sub(m, 1.0f), add(m, 1.0f));
+  const float s2 = mul(s, s);
+  float acc = kSeries[0];
+  for (int i = 1; i < 5; ++i) acc = add(mul(acc, s2), kSeries[i]);
+  return add(mul(static_cast<float>(e), 0.6931471805599453f), mul(acc, s));
+}
+
+// An Exp(1) draw from a word: -log1p(-v), v = (word + 1/2) 2^-32 (+inf for the top words).
+SPECOPS_HOST_DEVICE float exponential(uint32_t word) {
+  constexpr float kSeries[7] = {1.0f / 13.0f, 1.0f / 11.0f, 1.0f / 9.0f, 1.0f / 7.0f,
+                                1.0f / 5.0f,  1.0f / 3.0f,  1.0f};
+  const float v = mul(add(static_cast<float>(word), 0.5f), 2.3283064365386963e-10f);
+  if (v < 0.5f) {
+    const float x = -v;
+    const float s = div(x, add(2.0f, x));
+    const float s2 = mul(s, s);
+    float acc = kSeries[0];
+    for (int i = 1; i < 7; ++i) acc = add(mul(acc, s2), kSeries[i]);
+    return -mul(mul(s, acc), 2.0f);
+  }
+  const float one_minus = sub(1.0f, v);
+  return one_minus > 0.0f ? -log(one_minus) : INFINITY;
+}
+
+}  // namespace repro
+}  // namespace specops

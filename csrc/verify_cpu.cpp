@@ -1,0 +1,208 @@
+// C++ CPU kernel of the fused verify op: from target logits to emitted tokens, one request
+// per task, the same float32 steps in the same order as reference/verify.py (exact
+// fixed-point normalisers, repro_math.h's exp/log, Philox draws), so it returns exactly
+// the reference's tokens and log-probabilities.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <vector>
+
+#include "philox.h"
+#include "repro_math.h"
+#include "token_ids.h"
+#include "verify.h"
+
+namespace specops {
+namespace {
+
+constexpr float kFixedScale = 1099511627776.0f;  // 2^40: normaliser sums
+constexpr float kMassScale = 4294967296.0f;      // 2^32: top-p masses
+constexpr float kTopPScale = 16777216.0f;        // 2^24: top_p
+
+// sum_v floor(w_v 2^40) 2^-40, rounded once to float32.
+float fixed_sum(const std::vector<float>& w) {
+  int64_t sum = 0;
+  for (float x : w) sum += static_cast<int64_t>(std::floor(x * kFixedScale));
+  return static_cast<float>(sum) * (1.0f / kFixedScale);
+}
+
+void normalise(const std::vector<float>& w, std::vector<float>& p) {
+  const float z = fixed_sum(w);
+  for (size_t v = 0; v < w.size(); ++v) p[v] = w[v] / z;
+}
+
+// Keep v when the mass of tokens strictly more probable than v is below top_p.
+std::vector<bool> top_p_keep(const std::vector<float>& p, float top_p) {
+  const size_t vocab = p.size();
+  std::vector<int64_t> mass(vocab);
+  int64_t total = 0;
+  for (size_t v = 0; v < vocab; ++v) total += mass[v] = static_cast<int64_t>(std::floor(p[v] * kMassScale));
+  const int64_t threshold = std::max<int64_t>(1, static_cast<int64_t>(std::floor(top_p * kTopPScale)));
+  std::vector<int64_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+  std::vector<bool> keep(vocab);
+  int64_t above = 0;  // mass strictly above the current group
+  for (size_t i = 0; i < vocab;) {
+    size_t j = i;
+    int64_t group = 0;
+    while (j < vocab && p[order[j]] == p[order[i]]) group += mass[order[j++]];
+    const bool kept = above * (int64_t{1} << 24) < threshold * total;
+    for (size_t g = i; g < j; ++g) keep[order[g]] = kept;
+    above += group;
+    i = j;
+  }
+  return keep;
+}
+
+// The processed target distribution of one row (reference/verify.py, processed_probs).
+void processed_probs(const std::vector<float>& z, float temperature, int64_t top_k, float top_p,
+                     std::vector<float>& p) {
+  const int64_t vocab = static_cast<int64_t>(z.size());
+  float kth = -INFINITY;
+  if (top_k > 0 && top_k < vocab) {
+    std::vector<float> copy(z);
+    std::nth_element(copy.begin(), copy.begin() + (top_k - 1), copy.end(), std::greater<float>());
+    kth = copy[top_k - 1];
+  }
+  const float max_logit = *std::max_element(z.begin(), z.end());
+  std::vector<float> w(vocab);
+  for (int64_t v = 0; v < vocab; ++v) {
+    w[v] = z[v] >= kth ? repro::exp((z[v] - max_logit) / temperature) : 0.0f;
+  }
+  normalise(w, p);
+  if (top_p < 1.0f) {
+    const std::vector<bool> keep = top_p_keep(p, top_p);
+    for (int64_t v = 0; v < vocab; ++v) w[v] = keep[v] ? w[v] : 0.0f;
+    normalise(w, p);
+  }
+}
+
+float log_prob(float p) { return repro::log(std::max(p, FLT_MIN)); }
+
+// argmax_v w_v / E_v with E_v the Exp(1) draws of (seed, position); ties to the lowest index.
+int64_t race(const std::vector<float>& weights, int64_t seed, int64_t position) {
+  float best = -INFINITY;
+  int64_t best_index = 0;
+  PhiloxWords words{};
+  for (int64_t v = 0; v < static_cast<int64_t>(weights.size()); ++v) {
+    if (v % 4 == 0) words = philox_block(seed, position, kPurposeSample, static_cast<uint32_t>(v / 4));
+    const float score = race_score(weights[v], repro::exponential(words.w[v % 4]));
+    if (score > best) {
+      best = score;
+      best_index = v;
+    }
+  }
+  return best_index;
+}
+
+struct RequestParams {
+  float temperature;
+  int64_t top_k;
+  float top_p;
+  int64_t seed;
+  int64_t position;
+};
+
+template <typename scalar_t>
+void row_to_float(const scalar_t* row, int64_t vocab, std::vector<float>& z) {
+  for (int64_t v = 0; v < vocab; ++v) z[v] = static_cast<float>(row[v]);
+}
+
+template <typename scalar_t>
+void verify_request(const scalar_t* target, const scalar_t* bonus_row, TokenIds draft, const float* draft_probs,
+                    DraftRange r, int64_t vocab, const RequestParams& params, int32_t* out,
+                    int32_t* num_accepted, float* logprobs) {
+  std::vector<float> z(vocab), p(vocab), residual(vocab);
+  const bool greedy = params.temperature == 0.0f;
+  for (int64_t i = 0; i <= r.count; ++i) {
+    const bool is_bonus = i == r.count;
+    row_to_float(is_bonus ? bonus_row : target + (r.start + i) * vocab, vocab, z);
+    if (greedy) {
+      const int64_t target_token = std::max_element(z.begin(), z.end()) - z.begin();
+      out[i] = static_cast<int32_t>(target_token);
+      if (logprobs != nullptr) {
+        processed_probs(z, 1.0f, 0, 1.0f, p);
+        logprobs[i] = log_prob(p[target_token]);
+      }
+      if (is_bonus || draft[r.start + i] != target_token) {
+        *num_accepted = static_cast<int32_t>(i);
+        return;
+      }
+      continue;
+    }
+    processed_probs(z, params.temperature, params.top_k, params.top_p, p);
+    const int64_t position = params.position + i;
+    if (is_bonus) {
+      const int64_t token = race(p, params.seed, position);
+      out[i] = static_cast<int32_t>(token);
+      if (logprobs != nullptr) logprobs[i] = log_prob(p[token]);
+      *num_accepted = static_cast<int32_t>(i);
+      return;
+    }
+    const int64_t t = r.start + i;
+    const int64_t x = draft[t];
+    const bool in_vocab = x >= 0 && x < vocab;
+    const float* q = draft_probs != nullptr ? draft_probs + t * vocab : nullptr;
+    const float u = uniform_from_word(philox_block(params.seed, position, kPurposeAccept, 0).w[0]);
+    if (in_vocab && accepts(u, q != nullptr ? q[x] : 1.0f, p[x])) {
+      out[i] = static_cast<int32_t>(x);
+      if (logprobs != nullptr) logprobs[i] = log_prob(p[x]);
+      continue;
+    }
+    for (int64_t v = 0; v < vocab; ++v) residual[v] = q != nullptr ? p[v] - q[v] : (v == x ? 0.0f : p[v]);
+    const int64_t token = race(residual, params.seed, position);
+    out[i] = static_cast<int32_t>(token);
+    if (logprobs != nullptr) logprobs[i] = log_prob(p[token]);
+    *num_accepted = static_cast<int32_t>(i);
+    return;
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
+    const at::Tensor& target_logits, const at::Tensor& bonus_logits, const at::Tensor& draft_token_ids,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& cu_num_draft_tokens,
+    const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& top_p, const at::Tensor& seeds, const at::Tensor& positions,
+    int64_t max_spec_len, bool return_logprobs) {
+  const VerifySizes s = check_verify(target_logits, bonus_logits, draft_token_ids, draft_probs,
+                                     cu_num_draft_tokens, temperature, top_k, top_p, seeds, positions,
+                                     max_spec_len);
+  at::Tensor out = at::full({s.batch, s.width}, -1, cu_num_draft_tokens.options());
+  at::Tensor num_accepted = at::zeros({s.batch}, cu_num_draft_tokens.options());
+  at::Tensor logprobs = at::zeros(return_logprobs ? std::vector<int64_t>{s.batch, s.width}
+                                                  : std::vector<int64_t>{0, 0},
+                                  temperature.options());
+  const int32_t* cu = cu_num_draft_tokens.data_ptr<int32_t>();
+  const TokenIds draft{draft_token_ids.data_ptr(), draft_token_ids.scalar_type() == at::kLong};
+  const float* q = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, target_logits.scalar_type(), "verify_cpu", [&] {
+    const scalar_t* target = target_logits.data_ptr<scalar_t>();
+    const scalar_t* bonus = bonus_logits.data_ptr<scalar_t>();
+    at::parallel_for(0, s.batch, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const RequestParams params{
+            temperature.data_ptr<float>()[b], top_k.has_value() ? top_k->data_ptr<int32_t>()[b] : 0,
+            top_p.has_value() ? top_p->data_ptr<float>()[b] : 1.0f, seeds.data_ptr<int64_t>()[b],
+            positions.data_ptr<int64_t>()[b]};
+        verify_request<scalar_t>(target, bonus + b * s.vocab, draft, q,
+                                 draft_range(cu, b, s.num_tokens, s.width - 1), s.vocab, params,
+                                 out.data_ptr<int32_t>() + b * s.width, num_accepted.data_ptr<int32_t>() + b,
+                                 return_logprobs ? logprobs.data_ptr<float>() + b * s.width : nullptr);
+      }
+    });
+  });
+  return {out, num_accepted, logprobs};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("verify", &verify_cpu); }
+
+}  // namespace specops

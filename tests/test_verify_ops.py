@@ -1,0 +1,132 @@
+"""The fused verify op's kernels against its reference: exact equality (tokens, accepted
+counts, log-probabilities) under hypothesis, logits dtypes, n-gram and greedy mixes; opcheck
+and torch.compile; named errors. Only the C++ CPU kernel exists so far."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import specops
+from specops.reference.verify import verify as reference_verify
+
+KERNEL_BACKENDS = ["cpu"]  # the CUDA and Triton kernels of verify are not written yet
+
+
+def make_inputs(num_draft_tokens, vocab, seed, *, greedy_fraction=0.3, ngram=False, dtype=torch.float32,
+                id_dtype=torch.int32, with_top=True):
+    g = torch.Generator().manual_seed(seed)
+    batch, num_tokens = len(num_draft_tokens), sum(num_draft_tokens)
+    target = torch.randn(num_tokens, vocab, generator=g) * 2
+    draft_probs = torch.softmax(target + torch.randn(num_tokens, vocab, generator=g), -1)
+    drafts = (torch.multinomial(draft_probs, 1, generator=g).squeeze(-1) if num_tokens
+              else torch.zeros(0, dtype=torch.int64))
+    temperature = torch.rand(batch, generator=g) + 0.3
+    temperature[torch.rand(batch, generator=g) < greedy_fraction] = 0.0
+    return dict(
+        target_logits=target.to(dtype),
+        bonus_logits=torch.randn(batch, vocab, generator=g).to(dtype),
+        draft_token_ids=drafts.to(id_dtype),
+        draft_probs=None if ngram else draft_probs,
+        cu_num_draft_tokens=torch.tensor(num_draft_tokens, dtype=torch.int64).cumsum(0).to(torch.int32),
+        temperature=temperature,
+        top_k=torch.randint(0, vocab + 2, (batch,), generator=g).to(torch.int32) if with_top else None,
+        top_p=(torch.rand(batch, generator=g) * 0.6 + 0.5) if with_top else None,
+        seeds=torch.randint(-(2**62), 2**62, (batch,), generator=g),
+        positions=torch.randint(0, 2**40, (batch,), generator=g),
+    )
+
+
+def assert_matches_reference(inputs, max_spec_len, backend):
+    expected = reference_verify(**inputs, max_spec_len=max_spec_len, return_logprobs=True)
+    got = specops.verify(*inputs.values(), max_spec_len, True, backend=backend)
+    names = ("output_token_ids", "num_accepted", "logprobs")
+    for name, g, e in zip(names, got, expected):
+        assert g.dtype == e.dtype and g.shape == e.shape, name
+        assert torch.equal(g, e), f"{name} differs:\n{g}\n{e}"
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
+@pytest.mark.parametrize("vocab", [5, 111, 1000])
+def test_grid_matches_reference(backend, dtype, ngram, vocab):
+    inputs = make_inputs([3, 0, 5, 1, 2], vocab, seed=vocab, ngram=ngram, dtype=dtype)
+    assert_matches_reference(inputs, 5, backend)
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_hypothesis_matches_reference(backend):
+    @given(
+        counts=st.lists(st.integers(0, 5), min_size=1, max_size=6),
+        vocab=st.sampled_from([2, 9, 64, 257]),
+        seed=st.integers(0, 2**31 - 1),
+        ngram=st.booleans(),
+        greedy_fraction=st.sampled_from([0.0, 0.5, 1.0]),
+        id_dtype=st.sampled_from([torch.int32, torch.int64]),
+        with_top=st.booleans(),
+    )
+    def check(counts, vocab, seed, ngram, greedy_fraction, id_dtype, with_top):
+        inputs = make_inputs(counts, vocab, seed, greedy_fraction=greedy_fraction, ngram=ngram, id_dtype=id_dtype,
+                             with_top=with_top)
+        assert_matches_reference(inputs, max(counts) + 1, backend)
+
+    check()
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_seeded_request_same_in_any_batch(backend):
+    inputs = make_inputs([4, 2, 3], 300, seed=9, greedy_fraction=0.0)
+    full = specops.verify(*inputs.values(), 4, True, backend=backend)
+    alone = {k: (v[1:2] if k in ("bonus_logits", "temperature", "top_k", "top_p", "seeds", "positions") else v)
+             for k, v in inputs.items()}
+    alone.update(target_logits=inputs["target_logits"][4:6], draft_token_ids=inputs["draft_token_ids"][4:6],
+                 draft_probs=inputs["draft_probs"][4:6], cu_num_draft_tokens=torch.tensor([2], dtype=torch.int32))
+    single = specops.verify(*alone.values(), 4, True, backend=backend)
+    for s, f in zip(single, full):
+        assert torch.equal(s[0], f[1])
+
+
+def test_opcheck_and_compile():
+    inputs = make_inputs([2, 0, 3], 40, seed=1)
+    torch.library.opcheck(torch.ops.specops.verify.default, (*inputs.values(), 3, True))
+    torch.library.opcheck(torch.ops.specops.verify.default, (*inputs.values(), 3, False))
+
+    def step(*args):
+        return specops.verify(*args, 3, True)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for g, e in zip(compiled(*inputs.values()), step(*inputs.values())):
+        assert torch.equal(g, e)
+
+
+def test_bad_arguments_raise_named_errors():
+    inputs = make_inputs([2, 3], 30, seed=2)
+    cases = [
+        (dict(target_logits=inputs["target_logits"].double()), TypeError, "target_logits"),
+        (dict(bonus_logits=inputs["bonus_logits"].half()), TypeError, "bonus_logits"),
+        (dict(bonus_logits=inputs["bonus_logits"][:, :-1].contiguous()), ValueError, "bonus_logits"),
+        (dict(draft_probs=inputs["draft_probs"][:-1]), ValueError, "draft_probs"),
+        (dict(temperature=inputs["temperature"].double()), TypeError, "temperature"),
+        (dict(seeds=inputs["seeds"].int()), TypeError, "seeds"),
+        (dict(positions=inputs["positions"][:1]), ValueError, "positions"),
+        (dict(top_k=inputs["top_k"].long()), TypeError, "top_k"),
+        (dict(cu_num_draft_tokens=inputs["cu_num_draft_tokens"] + 1), ValueError, "cu_num_draft_tokens"),
+        (dict(draft_token_ids=inputs["draft_token_ids"] + 30), ValueError, "draft_token_ids"),
+        (dict(temperature=-inputs["temperature"] - 1), ValueError, "temperature"),
+        (dict(top_p=inputs["top_p"] * 0), ValueError, "top_p"),
+        (dict(target_logits=inputs["target_logits"].index_fill(1, torch.tensor([3]), float("nan"))), ValueError,
+         "NaN"),
+    ]
+    for override, error, words in cases:
+        args = {**inputs, **override}
+        with pytest.raises(error, match=words):
+            specops.verify(*args.values(), 3)
+    with pytest.raises(ValueError, match="max_spec_len"):
+        specops.verify(*inputs.values(), 2)
+    # Shape and dtype errors come from the kernel's launcher too, without the Python layer.
+    with pytest.raises((TypeError, RuntimeError), match="temperature must be Float"):
+        torch.ops.specops.verify(*{**inputs, "temperature": inputs["temperature"].double()}.values(), 3)
