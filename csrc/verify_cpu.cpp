@@ -65,13 +65,18 @@ std::vector<bool> top_p_keep(const std::vector<float>& p, float top_p) {
 void processed_probs(const std::vector<float>& z, float temperature, int64_t top_k, float top_p,
                      std::vector<float>& p) {
   const int64_t vocab = static_cast<int64_t>(z.size());
+  const float max_logit = *std::max_element(z.begin(), z.end());
+  if (max_logit == -INFINITY) {  // no finite logit: all mass on token 0
+    std::fill(p.begin(), p.end(), 0.0f);
+    p[0] = 1.0f;
+    return;
+  }
   float kth = -INFINITY;
   if (top_k > 0 && top_k < vocab) {
     std::vector<float> copy(z);
     std::nth_element(copy.begin(), copy.begin() + (top_k - 1), copy.end(), std::greater<float>());
     kth = copy[top_k - 1];
   }
-  const float max_logit = *std::max_element(z.begin(), z.end());
   std::vector<float> w(vocab);
   for (int64_t v = 0; v < vocab; ++v) {
     w[v] = z[v] >= kth ? repro::exp((z[v] - max_logit) / temperature) : 0.0f;
@@ -110,9 +115,13 @@ struct RequestParams {
   int64_t position;
 };
 
+// float32 logits with NaN and +-inf replaced by -inf (probability 0; see the reference).
 template <typename scalar_t>
 void row_to_float(const scalar_t* row, int64_t vocab, std::vector<float>& z) {
-  for (int64_t v = 0; v < vocab; ++v) z[v] = static_cast<float>(row[v]);
+  for (int64_t v = 0; v < vocab; ++v) {
+    const float x = static_cast<float>(row[v]);
+    z[v] = std::isfinite(x) ? x : -INFINITY;
+  }
 }
 
 template <typename scalar_t>

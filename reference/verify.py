@@ -30,6 +30,10 @@ the last emitted token.
 Accept ``x_i`` when ``q_i(x_i) > 0`` and ``u_i * q_i(x_i) < p_i(x_i)`` (n-gram: q = 1).
 Log-probabilities (when asked) are ``log p(token)`` under the processed distribution
 (greedy rows: under the temperature-1 softmax of the raw logits), 0 in padding columns.
+
+Non-finite logits (NaN, +-inf) are documented, not trusted: specops.verify raises on them
+unless ``validate=False``; the op itself treats them as -inf (probability 0), and a row
+with no finite logit puts all its mass on token 0.
 """
 
 from __future__ import annotations
@@ -73,10 +77,19 @@ def _top_p_keep(p: torch.Tensor, top_p: float) -> torch.Tensor:
     return keep
 
 
+def _sanitised(logits: torch.Tensor) -> torch.Tensor:
+    """float32 logits with NaN and +-inf replaced by -inf: such tokens get probability 0
+    (and a row with no finite logit puts all its mass on token 0)."""
+    z = logits.to(torch.float32)
+    return torch.where(torch.isfinite(z), z, torch.full_like(z, float("-inf")))
+
+
 def processed_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """The processed target distribution of one row (module docstring, steps 1-3). [V] float32."""
-    z = logits.to(torch.float32)
+    z = _sanitised(logits)
     vocab = z.shape[0]
+    if not bool(torch.isfinite(z).any()):
+        return torch.nn.functional.one_hot(torch.tensor(0), vocab).to(torch.float32)
     keep = torch.ones(vocab, dtype=torch.bool)
     if 0 < top_k < vocab:
         kth = torch.topk(z, top_k).values[-1]
@@ -123,7 +136,7 @@ def _greedy_request(rows, bonus_row, drafts, width, return_logprobs):
     tokens, logprobs = [], []
     for i in range(len(drafts) + 1):
         row = rows[i] if i < len(drafts) else bonus_row
-        z = row.to(torch.float32)
+        z = _sanitised(row)
         target = int(torch.argmax(z))
         tokens.append(target)
         if return_logprobs:
@@ -177,9 +190,6 @@ def verify(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns ``(output_token_ids [B, max_spec_len + 1] int32 padded with -1,
     num_accepted [B] int32, logprobs [B, max_spec_len + 1] float32 or [0, 0])``."""
-    for name, t in (("target_logits", target_logits), ("bonus_logits", bonus_logits)):
-        if not bool(torch.isfinite(t.float()).all()):
-            raise ValueError(f"{name} holds NaN or inf")
     batch = cu_num_draft_tokens.shape[0]
     width = max_spec_len + 1
     out = torch.full((batch, width), PLACEHOLDER_TOKEN_ID, dtype=torch.int32)

@@ -130,3 +130,18 @@ def test_bad_arguments_raise_named_errors():
     # Shape and dtype errors come from the kernel's launcher too, without the Python layer.
     with pytest.raises((TypeError, RuntimeError), match="temperature must be Float"):
         torch.ops.specops.verify(*{**inputs, "temperature": inputs["temperature"].double()}.values(), 3)
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_unvalidated_non_finite_logits_follow_the_documented_rule(backend):
+    """validate=False: NaN/inf logits count as -inf (probability 0), a row with none finite
+    emits token 0; the kernel agrees with the reference and never crashes."""
+    inputs = make_inputs([3, 2, 0], 16, seed=12, greedy_fraction=0.3)
+    inputs["target_logits"][0, :5] = float("nan")
+    inputs["target_logits"][1, :] = float("inf")
+    inputs["target_logits"][3, 2] = float("-inf")
+    inputs["bonus_logits"][2, :] = float("nan")
+    expected = reference_verify(**inputs, max_spec_len=3, return_logprobs=True)
+    got = specops.verify(*inputs.values(), 3, True, backend=backend, validate=False)
+    for g, e in zip(got, expected):
+        assert torch.equal(g, e)

@@ -153,11 +153,12 @@ def test_greedy_rows_take_the_argmax():
     assert out[0].tolist() == argmax[:3].tolist() + [int(inputs["bonus_logits"][0].argmax())]
 
 
-def test_non_finite_logits_raise():
-    inputs = _batch([2], 10, seed=5)
-    inputs["target_logits"][1, 3] = float("nan")
-    with pytest.raises(ValueError, match="target_logits"):
-        verify(**inputs, max_spec_len=2)
+def test_non_finite_logits_get_probability_zero():
+    logits = torch.tensor([1.0, float("nan"), 2.0, float("inf"), float("-inf"), 0.5])
+    p = processed_probs(logits, 1.0, 0, 1.0)
+    assert p[[1, 3, 4]].tolist() == [0.0, 0.0, 0.0] and abs(float(p.sum()) - 1) < 1e-6
+    none_finite = processed_probs(torch.tensor([float("nan"), float("inf")]), 0.7, 0, 0.9)
+    assert none_finite.tolist() == [1.0, 0.0]
 
 
 def test_one_step_is_lossless_with_temperature_top_k_top_p():
