@@ -36,7 +36,7 @@ void define_sampling_schemas(torch::Library& m) {
       "Tensor? draft_probs, Tensor target_probs, Tensor exponentials) -> Tensor");
 }
 
-// The fused verify op (C++ CPU kernel and reference so far; CUDA and Triton to come).
+// The fused verify op (C++ CPU and Triton kernels and the reference so far; CUDA to come).
 // target_logits [T, V] float32|bfloat16|float16, bonus_logits [B, V], draft_token_ids [T],
 // draft_probs [T, V] float32 (None: n-gram), temperature [B] float32 (0 = greedy), top_k [B]
 // int32, top_p [B] float32, seeds [B] int64, positions [B] int64 (absolute position of
@@ -56,7 +56,10 @@ TORCH_LIBRARY(specops, m) {
   define_verify_schema(m);
 }
 
-TORCH_LIBRARY(specops_triton, m) { define_sampling_schemas(m); }
+TORCH_LIBRARY(specops_triton, m) {
+  define_sampling_schemas(m);
+  define_verify_schema(m);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "specops native extension: build information (the ops live in torch.ops.specops)";

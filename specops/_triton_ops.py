@@ -21,6 +21,7 @@ def _require_runnable(device: torch.device) -> None:
 
 def register() -> None:
     from specops.triton_kernels import sampling as kernels
+    from specops.triton_kernels import verify as verify_kernels
 
     def impl(name):
         def decorate(fn):
@@ -78,3 +79,14 @@ def register() -> None:
         _checks.check_sample_recovered_tokens(*args)
         _require_runnable(target_probs.device)
         return kernels.sample_recovered_tokens(*args)
+
+    @impl("verify")
+    def _verify(
+        target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
+        seeds, positions, max_spec_len, return_logprobs=False,
+    ):
+        args = (target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k,
+                top_p, seeds, positions, max_spec_len)
+        _checks.check_verify(*args)
+        _require_runnable(target_logits.device)
+        return verify_kernels.verify(*args, return_logprobs)

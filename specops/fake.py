@@ -71,7 +71,7 @@ def _sample_recovered_tokens_fake(cu_num_draft_tokens, draft_token_ids, draft_pr
     return target_probs.new_empty((sizes.num_tokens,), dtype=torch.int32)
 
 
-@torch.library.register_fake("specops::verify")
+@_register("verify")
 def _verify_fake(
     target_logits,
     bonus_logits,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from specops import _checks
-from specops.backend import Backend, resolve
+from specops.backend import Backend, available_backends, resolve
 from specops.reference import sampling as reference
 from specops.reference import verify as reference_verify
 
@@ -247,18 +247,21 @@ def verify(
     ``(output_token_ids [B, max_spec_len + 1] int32 padded with -1, num_accepted [B]
     int32, logprobs [B, max_spec_len + 1] float32, or [0, 0] when not asked)``.
 
-    Backends: the C++ CPU kernel and the reference so far; the CUDA and Triton kernels
-    are not written yet, and asking for them on CUDA tensors raises.
+    Backends: the C++ CPU kernel, the Triton kernel and the reference. The CUDA kernel is
+    not written yet: on CUDA tensors the default is the Triton kernel (an untuned first
+    version), and ``backend="cuda"`` raises.
     """
     device = target_logits.device
-    chosen = resolve(backend, device)
-    if chosen in (Backend.CUDA, Backend.TRITON):
-        raise NotImplementedError(f"verify has no {chosen.value} kernel yet: use backend='reference' on {device}")
+    available = [b for b in available_backends(device) if b is not Backend.CUDA]
+    chosen = Backend(backend) if backend is not None else available[0]
+    if chosen is Backend.CUDA:
+        raise NotImplementedError(f"verify has no CUDA kernel yet: use backend='triton' or 'reference' on {device}")
+    chosen = resolve(chosen, device)
     if _should_validate(validate, device):
         _checks.validate_cu_num_draft_tokens(cu_num_draft_tokens, draft_token_ids.shape[0], max_spec_len)
         _checks.validate_token_ids(draft_token_ids, "draft_token_ids", target_logits.shape[-1])
         _checks.validate_verify_values(target_logits, bonus_logits, temperature, top_k, top_p)
-    op = reference_verify.verify if chosen is Backend.REFERENCE else torch.ops.specops.verify
+    op = reference_verify.verify if chosen is Backend.REFERENCE else _op("verify", chosen)
     return op(
         target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
         seeds, positions, max_spec_len, return_logprobs,

@@ -1,6 +1,7 @@
 """The fused verify op's kernels against its reference: exact equality (tokens, accepted
 counts, log-probabilities) under hypothesis, logits dtypes, n-gram and greedy mixes; opcheck
-and torch.compile; named errors. Only the C++ CPU kernel exists so far."""
+and torch.compile; named errors. Kernels: C++ CPU and Triton (the CUDA kernel is not
+written yet); on a GPU the same tests run the Triton kernel on CUDA tensors."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import backend_params
+
 import specops
+from specops.backend import Backend
 from specops.reference.verify import verify as reference_verify
 
-KERNEL_BACKENDS = ["cpu"]  # the CUDA and Triton kernels of verify are not written yet
+# Every verify kernel present here (its CUDA kernel is not written yet).
+KERNEL_BACKENDS = [p for p in backend_params() if p.values[1] is not Backend.CUDA]
 
 
 def make_inputs(num_draft_tokens, vocab, seed, *, greedy_fraction=0.3, ngram=False, dtype=torch.float32,
@@ -39,26 +44,32 @@ def make_inputs(num_draft_tokens, vocab, seed, *, greedy_fraction=0.3, ngram=Fal
     )
 
 
-def assert_matches_reference(inputs, max_spec_len, backend):
+def on(inputs, device):
+    return {k: (v.to(device) if v is not None else None) for k, v in inputs.items()}
+
+
+def assert_matches_reference(inputs, max_spec_len, device, backend, validate=True):
+    """The kernel on ``device`` returns exactly what the reference returns on the CPU."""
     expected = reference_verify(**inputs, max_spec_len=max_spec_len, return_logprobs=True)
-    got = specops.verify(*inputs.values(), max_spec_len, True, backend=backend)
+    got = specops.verify(*on(inputs, device).values(), max_spec_len, True, backend=backend, validate=validate)
     names = ("output_token_ids", "num_accepted", "logprobs")
     for name, g, e in zip(names, got, expected):
+        g = g.cpu()
         assert g.dtype == e.dtype and g.shape == e.shape, name
         assert torch.equal(g, e), f"{name} differs:\n{g}\n{e}"
 
 
-@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
 @pytest.mark.parametrize("vocab", [5, 111, 1000])
-def test_grid_matches_reference(backend, dtype, ngram, vocab):
+def test_grid_matches_reference(device, backend, dtype, ngram, vocab):
     inputs = make_inputs([3, 0, 5, 1, 2], vocab, seed=vocab, ngram=ngram, dtype=dtype)
-    assert_matches_reference(inputs, 5, backend)
+    assert_matches_reference(inputs, 5, device, backend)
 
 
-@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
-def test_hypothesis_matches_reference(backend):
+@pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
+def test_hypothesis_matches_reference(device, backend):
     @given(
         counts=st.lists(st.integers(0, 5), min_size=1, max_size=6),
         vocab=st.sampled_from([2, 9, 64, 257]),
@@ -71,34 +82,36 @@ def test_hypothesis_matches_reference(backend):
     def check(counts, vocab, seed, ngram, greedy_fraction, id_dtype, with_top):
         inputs = make_inputs(counts, vocab, seed, greedy_fraction=greedy_fraction, ngram=ngram, id_dtype=id_dtype,
                              with_top=with_top)
-        assert_matches_reference(inputs, max(counts) + 1, backend)
+        assert_matches_reference(inputs, max(counts) + 1, device, backend)
 
     check()
 
 
-@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
-def test_seeded_request_same_in_any_batch(backend):
+@pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
+def test_seeded_request_same_in_any_batch(device, backend):
     inputs = make_inputs([4, 2, 3], 300, seed=9, greedy_fraction=0.0)
-    full = specops.verify(*inputs.values(), 4, True, backend=backend)
+    full = specops.verify(*on(inputs, device).values(), 4, True, backend=backend)
     alone = {k: (v[1:2] if k in ("bonus_logits", "temperature", "top_k", "top_p", "seeds", "positions") else v)
              for k, v in inputs.items()}
     alone.update(target_logits=inputs["target_logits"][4:6], draft_token_ids=inputs["draft_token_ids"][4:6],
                  draft_probs=inputs["draft_probs"][4:6], cu_num_draft_tokens=torch.tensor([2], dtype=torch.int32))
-    single = specops.verify(*alone.values(), 4, True, backend=backend)
+    single = specops.verify(*on(alone, device).values(), 4, True, backend=backend)
     for s, f in zip(single, full):
         assert torch.equal(s[0], f[1])
 
 
-def test_opcheck_and_compile():
-    inputs = make_inputs([2, 0, 3], 40, seed=1)
-    torch.library.opcheck(torch.ops.specops.verify.default, (*inputs.values(), 3, True))
-    torch.library.opcheck(torch.ops.specops.verify.default, (*inputs.values(), 3, False))
+@pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
+def test_opcheck_and_compile(device, backend):
+    inputs = on(make_inputs([2, 0, 3], 40, seed=1), device)
+    namespace = torch.ops.specops_triton if backend is Backend.TRITON else torch.ops.specops
+    torch.library.opcheck(namespace.verify.default, (*inputs.values(), 3, True))
+    torch.library.opcheck(namespace.verify.default, (*inputs.values(), 3, False))
 
     def step(*args):
-        return specops.verify(*args, 3, True)
+        return specops.verify(*args, 3, True, backend=backend)
 
     torch._dynamo.reset()
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
     for g, e in zip(compiled(*inputs.values()), step(*inputs.values())):
         assert torch.equal(g, e)
 
@@ -132,8 +145,8 @@ def test_bad_arguments_raise_named_errors():
         torch.ops.specops.verify(*{**inputs, "temperature": inputs["temperature"].double()}.values(), 3)
 
 
-@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
-def test_unvalidated_non_finite_logits_follow_the_documented_rule(backend):
+@pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
+def test_unvalidated_non_finite_logits_follow_the_documented_rule(device, backend):
     """validate=False: NaN/inf logits count as -inf (probability 0), a row with none finite
     emits token 0; the kernel agrees with the reference and never crashes."""
     inputs = make_inputs([3, 2, 0], 16, seed=12, greedy_fraction=0.3)
@@ -141,7 +154,4 @@ def test_unvalidated_non_finite_logits_follow_the_documented_rule(backend):
     inputs["target_logits"][1, :] = float("inf")
     inputs["target_logits"][3, 2] = float("-inf")
     inputs["bonus_logits"][2, :] = float("nan")
-    expected = reference_verify(**inputs, max_spec_len=3, return_logprobs=True)
-    got = specops.verify(*inputs.values(), 3, True, backend=backend, validate=False)
-    for g, e in zip(got, expected):
-        assert torch.equal(g, e)
+    assert_matches_reference(inputs, 3, device, backend, validate=False)
