@@ -30,7 +30,7 @@ for stage in "$@"; do
     memcheck)
       compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
         python3 -m pytest -q -m gpu -p no:cacheprovider -k "not offsets and not hypothesis and not distribution" \
-        tests/test_sampling_ops.py tests/test_sampling_errors.py tests/test_sampling_registration.py \
+        tests/test_sampling_ops.py tests/test_sampling_errors.py tests/test_sampling_registration.py tests/test_verify_ops.py \
         > "$LOG/memcheck.log" 2>&1
       echo "memcheck exit $?" | tee -a "$LOG/memcheck.log"
       grep -E "ERROR SUMMARY|passed|failed" "$LOG/memcheck.log" | tail -5

@@ -155,3 +155,46 @@ def test_unvalidated_non_finite_logits_follow_the_documented_rule(device, backen
     inputs["target_logits"][3, 2] = float("-inf")
     inputs["bonus_logits"][2, :] = float("nan")
     assert_matches_reference(inputs, 3, device, backend, validate=False)
+
+
+GPU_BACKENDS = [p for p in KERNEL_BACKENDS if p.values[0] == "cuda"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device,backend", GPU_BACKENDS)
+@pytest.mark.parametrize("vocab,batch_size,with_top", [(32000, 99, False), (128256, 1, True), (151936, 16, False)])
+def test_gpu_full_size_matches_reference(device, backend, vocab, batch_size, with_top):
+    g = torch.Generator().manual_seed(vocab + batch_size)
+    counts = torch.randint(0, 6, (batch_size,), generator=g).tolist()
+    inputs = make_inputs(counts, vocab, seed=batch_size, with_top=with_top, dtype=torch.bfloat16)
+    assert_matches_reference(inputs, 5, device, backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device,backend", GPU_BACKENDS)
+def test_gpu_cuda_graph_replays_draw_fresh_numbers(device, backend):
+    """Seeds and positions are device tensors: advancing positions between replays gives
+    new draws, and each replay equals an eager call at those positions."""
+    inputs = on(make_inputs([3, 2, 4], 4096, seed=21, greedy_fraction=0.0, with_top=False), device)
+    positions = inputs["positions"]
+
+    def step():
+        return specops.verify(*inputs.values(), 4, True, backend=backend)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    seen = set()
+    for _ in range(3):
+        positions.add_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        for s, e in zip(static, step()):
+            assert torch.equal(s, e)
+        seen.add(tuple(static[0].flatten().tolist()))
+    assert len(seen) > 1, "replays at new positions must draw new numbers"
