@@ -1,8 +1,8 @@
 """One speculative-decoding verification step on a toy batch, printed step by step.
 
 Run with ``python -m specops``. Three requests, vocab 12: a draft-model request with
-three drafts, an n-gram-style request with none this step, and a greedy request with
-two drafts. Shows what each op takes and returns.
+three drafts, a request with none this step, and a greedy request with two drafts. Shows
+what each decomposed op takes and returns, then the same step through the fused verify.
 """
 
 from __future__ import annotations
@@ -58,6 +58,17 @@ def run(device: str, seed: int) -> torch.Tensor:
     _show("bonus tokens", bonus)
     _show("output tokens (-1 = padding)", out)
     _show("emitted per request", (out != -1).sum(1))
+
+    # The same step fused: from logits, with draws keyed by (seed, position, purpose).
+    bonus_logits = torch.randn(batch, vocab, device=device, generator=g) * 2
+    fused, accepted, logprobs = specops.verify(
+        target_logits, bonus_logits, draft_ids, draft_probs, cu, temperature, None, None,
+        torch.tensor([11, 12, 13], device=device), torch.tensor([40, 7, 19], device=device),
+        max(num_draft_tokens), return_logprobs=True)
+    print()
+    _show("verify (fused, from logits)", fused)
+    _show("accepted per request", accepted)
+    _show("log p(token)", [[round(x, 3) for x in row] for row in logprobs.tolist()])
     return out
 
 
