@@ -49,11 +49,29 @@ void define_verify_schema(torch::Library& m) {
       "Tensor positions, int max_spec_len, bool return_logprobs=False) -> (Tensor, Tensor, Tensor)");
 }
 
+// Paged attention (C++ CPU kernels and the reference so far; CUDA and Triton to come, so
+// only torch.ops.specops has these). N = new tokens, Hq/Hkv = query/KV heads, D = head dim.
+void define_attention_schemas(torch::Library& m) {
+  // key, value [N, Hkv, D]; key_cache, value_cache [num_blocks, block_size, Hkv, D]
+  // float32|bfloat16|float16 (key/value dtype of the caches); slot_mapping [N] int64 (-1 = skip)
+  m.def(
+      "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+      "Tensor slot_mapping) -> ()");
+  // query [Q, Hq, D]; caches as above; block_table [B, max_blocks] int32; seq_lens [B] int32;
+  // cu_query_lens [B + 1] int32 -> out [Q, Hq, D] dtype of query, lse [Q, Hq] float32
+  // ([0, 0] unless return_lse); sliding_window 0 = off, soft_cap 0 = off
+  m.def(
+      "paged_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_table, "
+      "Tensor seq_lens, Tensor cu_query_lens, float scale, int sliding_window=0, float soft_cap=0.0, "
+      "bool return_lse=False) -> (Tensor, Tensor)");
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specops, m) {
   define_sampling_schemas(m);
   define_verify_schema(m);
+  define_attention_schemas(m);
 }
 
 TORCH_LIBRARY(specops_triton, m) {

@@ -13,8 +13,10 @@ from specops._native import build_info
 from specops.backend import Backend, available_backends
 from specops.ops import (
     expand_to_tokens,
+    paged_attention,
     rejection_greedy_sample,
     rejection_random_sample,
+    reshape_and_cache,
     sample_recovered_tokens,
     verify,
 )
@@ -31,8 +33,10 @@ __all__ = [
     "available_backends",
     "build_info",
     "expand_to_tokens",
+    "paged_attention",
     "rejection_greedy_sample",
     "rejection_random_sample",
+    "reshape_and_cache",
     "sample_recovered_tokens",
     "verify",
 ]

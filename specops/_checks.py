@@ -279,3 +279,183 @@ def validate_verify_values(target_logits, bonus_logits, temperature, top_k, top_
         raise ValueError("temperature must be >= 0 (0 means greedy)")
     if stats[3] < 1:
         raise ValueError("top_p must be > 0")
+
+
+# ---- paged attention (mirror of csrc/attention_checks.cpp) ----
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class CacheSizes:
+    num_tokens: int  # N
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int  # Hkv
+    head_dim: int  # D
+
+
+@dataclass(frozen=True)
+class AttentionSizes:
+    num_query_tokens: int  # Q
+    num_heads: int  # Hq
+    num_kv_heads: int  # Hkv
+    head_dim: int  # D
+    num_blocks: int
+    block_size: int
+    batch: int  # B
+    max_blocks: int
+
+
+def _floating(t: torch.Tensor, name: str) -> None:
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+
+
+def _contiguous(t: torch.Tensor, name: str) -> None:
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    _floating(key_cache, "key_cache")
+    if key_cache.dim() != 4 or key_cache.shape[1] < 1 or key_cache.shape[2] < 1:
+        raise ValueError(
+            f"key_cache must have shape [num_blocks, block_size, num_kv_heads, head_dim], got {_shape(key_cache)}"
+        )
+    _contiguous(key_cache, "key_cache")
+    _device(value_cache, "value_cache", key_cache, "key_cache")
+    if value_cache.dtype != key_cache.dtype:
+        raise TypeError(f"value_cache must be {key_cache.dtype} like key_cache, got {value_cache.dtype}")
+    if value_cache.shape != key_cache.shape:
+        raise ValueError(f"value_cache must have the shape of key_cache {_shape(key_cache)}, got {_shape(value_cache)}")
+    _contiguous(value_cache, "value_cache")
+
+
+def _new_rows(t: torch.Tensor, name: str, key_cache: torch.Tensor) -> None:
+    _device(t, name, key_cache, "key_cache")
+    if t.dtype != key_cache.dtype:
+        raise TypeError(f"{name} must be {key_cache.dtype} like key_cache, got {t.dtype}")
+    num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    if t.dim() != 3 or t.shape[1] != num_kv_heads or t.shape[2] != head_dim:
+        raise ValueError(
+            f"{name} must have shape [num_tokens, num_kv_heads, head_dim] with num_kv_heads = {num_kv_heads} "
+            f"and head_dim = {head_dim} as in key_cache, got {_shape(t)}"
+        )
+    _contiguous(t, name)
+
+
+def _int32_vector(t: torch.Tensor, name: str, size: int, size_name: str, ref: torch.Tensor) -> None:
+    _device(t, name, ref, "query")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {t.dtype}")
+    if t.dim() != 1 or t.shape[0] != size:
+        raise ValueError(f"{name} must have shape [{size_name}] = [{size}], got {_shape(t)}")
+    _contiguous(t, name)
+
+
+def check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> CacheSizes:
+    _caches(key_cache, value_cache)
+    _new_rows(key, "key", key_cache)
+    _new_rows(value, "value", key_cache)
+    num_tokens = key.shape[0]
+    if value.shape[0] != num_tokens:
+        raise ValueError(f"value must have as many rows as key ({num_tokens}), got {_shape(value)}")
+    _device(slot_mapping, "slot_mapping", key_cache, "key_cache")
+    if slot_mapping.dtype != torch.int64:
+        raise TypeError(f"slot_mapping must be int64, got {slot_mapping.dtype}")
+    _one_d(slot_mapping, "slot_mapping", num_tokens, "num_tokens")
+    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    return CacheSizes(num_tokens, num_blocks, block_size, num_kv_heads, head_dim)
+
+
+def check_paged_attention(
+    query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, sliding_window, soft_cap
+) -> AttentionSizes:
+    _floating(query, "query")
+    if query.dim() != 3 or query.shape[1] < 1 or query.shape[2] < 1:
+        raise ValueError(f"query must have shape [num_query_tokens, num_heads, head_dim], got {_shape(query)}")
+    _contiguous(query, "query")
+    _device(key_cache, "key_cache", query, "query")
+    _caches(key_cache, value_cache)
+    if key_cache.dtype != query.dtype:
+        raise TypeError(f"key_cache must be {query.dtype} like query, got {key_cache.dtype}")
+    num_query_tokens, num_heads, head_dim = query.shape
+    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
+    if key_cache.shape[3] != head_dim:
+        raise ValueError(f"key_cache head_dim must equal query's ({head_dim}), got {_shape(key_cache)}")
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"query num_heads ({num_heads}) must be divisible by key_cache num_kv_heads ({num_kv_heads})"
+        )
+    _device(block_table, "block_table", query, "query")
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"block_table must be int32, got {block_table.dtype}")
+    if block_table.dim() != 2:
+        raise ValueError(f"block_table must have shape [batch, max_blocks], got {_shape(block_table)}")
+    _contiguous(block_table, "block_table")
+    batch, max_blocks = block_table.shape
+    _int32_vector(seq_lens, "seq_lens", batch, "batch", query)
+    _int32_vector(cu_query_lens, "cu_query_lens", batch + 1, "batch + 1", query)
+    if sliding_window < 0:
+        raise ValueError(f"sliding_window must be >= 0 (0 = off), got {sliding_window}")
+    if soft_cap < 0:
+        raise ValueError(f"soft_cap must be >= 0 (0 = off), got {soft_cap}")
+    return AttentionSizes(
+        num_query_tokens, num_heads, num_kv_heads, head_dim, num_blocks, block_size, batch, max_blocks
+    )
+
+
+def validate_paged_attention_values(
+    block_table, seq_lens, cu_query_lens, num_query_tokens: int, block_size: int, num_blocks: int
+) -> None:
+    """cu_query_lens non-decreasing from 0 to num_query_tokens; every seq_len >= its
+    query length and addressable by the block table; every block id a sequence uses (the
+    first ceil(seq_len / block_size) of its row) inside [0, num_blocks). One device sync
+    on a GPU."""
+    batch, max_blocks = block_table.shape
+    if batch == 0:
+        if cu_query_lens.tolist() != [0] or num_query_tokens != 0:
+            raise ValueError(
+                f"cu_query_lens is inconsistent with num_query_tokens: batch is empty but query has "
+                f"{num_query_tokens} rows"
+            )
+        return
+    cu = cu_query_lens.long()
+    q_lens = cu[1:] - cu[:-1]  # [B]
+    lens = seq_lens.long()
+    blocks_used = (lens.clamp(min=0) + block_size - 1) // block_size  # [B]
+    used = torch.arange(max_blocks, device=block_table.device)[None, :] < blocks_used[:, None]
+    ids = block_table.long()
+    bad_ids = used & ((ids < 0) | (ids >= num_blocks))
+    first, last, min_q_len, min_slack, most_blocks, any_bad = torch.stack(
+        [cu[0], cu[-1], q_lens.min(), (lens - q_lens).min(), blocks_used.max(), bad_ids.any().long()]
+    ).tolist()
+    if first != 0 or min_q_len < 0:
+        raise ValueError("cu_query_lens must start at 0 and be non-decreasing")
+    if last != num_query_tokens:
+        raise ValueError(
+            f"cu_query_lens is inconsistent with num_query_tokens: its last entry is {last}, "
+            f"query has {num_query_tokens} rows"
+        )
+    if min_slack < 0:
+        raise ValueError(
+            "seq_lens must be >= each sequence's query length (cu_query_lens[b + 1] - cu_query_lens[b]): "
+            f"a sequence has {-min_slack} fewer keys than queries"
+        )
+    if most_blocks > max_blocks:
+        raise ValueError(
+            f"seq_lens is too long for block_table: a sequence needs {most_blocks} blocks of {block_size} "
+            f"tokens but block_table has {max_blocks} columns"
+        )
+    if any_bad:
+        raise ValueError(f"block_table holds a block id outside [0, num_blocks) = [0, {num_blocks})")
+
+
+def validate_slot_mapping(slot_mapping, num_slots: int) -> None:
+    """Every slot is -1 (padding) or inside [0, num_blocks * block_size)."""
+    if slot_mapping.numel() == 0:
+        return
+    bad = ((slot_mapping < -1) | (slot_mapping >= num_slots)).any().item()
+    if bad:
+        raise ValueError(f"slot_mapping holds a slot outside [0, num_blocks * block_size) = [0, {num_slots}) and not -1")

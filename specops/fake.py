@@ -94,3 +94,24 @@ def _verify_fake(
     num_accepted = cu_num_draft_tokens.new_empty((sizes.batch,))
     logprobs = temperature.new_empty((sizes.batch, sizes.width) if return_logprobs else (0, 0))
     return out, num_accepted, logprobs
+
+
+# Paged attention: torch.ops.specops only (no Triton kernels yet, so no specops_triton schema).
+
+
+@torch.library.register_fake("specops::reshape_and_cache")
+def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping):
+    _checks.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+
+@torch.library.register_fake("specops::paged_attention")
+def _paged_attention_fake(
+    query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale, sliding_window=0, soft_cap=0.0,
+    return_lse=False,
+):
+    sizes = _checks.check_paged_attention(
+        query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, sliding_window, soft_cap
+    )
+    out = torch.empty_like(query)
+    lse = query.new_empty((sizes.num_query_tokens, sizes.num_heads) if return_lse else (0, 0), dtype=torch.float32)
+    return out, lse

@@ -15,6 +15,7 @@ import torch
 
 from specops import _checks
 from specops.backend import Backend, available_backends, resolve
+from specops.reference import attention as reference_attention
 from specops.reference import sampling as reference
 from specops.reference import verify as reference_verify
 
@@ -265,4 +266,116 @@ def verify(
     return op(
         target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
         seeds, positions, max_spec_len, return_logprobs,
+    )
+
+
+def _attention_backend(name: str, backend: Backend | str | None, device: torch.device) -> Backend:
+    """The C++ CPU kernel or the reference: the CUDA and Triton kernels are not written yet."""
+    if backend is None:
+        backend = Backend.CPU if device.type == "cpu" else Backend.CUDA
+    chosen = Backend(backend)
+    if chosen in (Backend.CUDA, Backend.TRITON):
+        raise NotImplementedError(
+            f"{name} has no {chosen.value} kernel yet: use backend='cpu' on CPU tensors or 'reference' ({device})"
+        )
+    return resolve(chosen, device)
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    backend: Backend | str | None = None,
+    validate: bool = True,
+) -> None:
+    """Write new keys and values into their slots of the paged KV cache.
+
+    Token ``i`` goes to block ``slot_mapping[i] // block_size``, offset
+    ``slot_mapping[i] % block_size``; slot ``-1`` is padding and is skipped.
+
+    Parameters
+    ----------
+    key, value : Shape: ``[N, Hkv, D]``, dtype of the caches.
+    key_cache, value_cache : written in place. Shape: ``[num_blocks, block_size, Hkv, D]``,
+        float32 | bfloat16 | float16.
+    slot_mapping : Shape: ``[N]``, int64.
+
+    Example
+    -------
+    >>> cache = torch.zeros(2, 4, 1, 8)
+    >>> specops.reshape_and_cache(torch.ones(2, 1, 8), torch.ones(2, 1, 8), cache, cache.clone(),
+    ...                           torch.tensor([5, -1]))
+    >>> cache[1, 1].sum().item()
+    8.0
+
+    Backends: the C++ CPU kernel and the reference (CUDA and Triton kernels are not written yet).
+    """
+    device = key_cache.device
+    chosen = _attention_backend("reshape_and_cache", backend, device)
+    if _should_validate(validate, device):
+        _checks.validate_slot_mapping(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
+    op = reference_attention.reshape_and_cache if chosen is Backend.REFERENCE else torch.ops.specops.reshape_and_cache
+    op(key, value, key_cache, value_cache, slot_mapping)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_query_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int = 0,
+    soft_cap: float = 0.0,
+    return_lse: bool = False,
+    *,
+    backend: Backend | str | None = None,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over a paged KV cache with ragged query lengths (1 for decode, k + 1 for
+    verify), causal from the bottom right: sequence ``b``'s query rows are its last
+    ``q_len`` positions. specops.reference.attention states the contract.
+
+    Parameters
+    ----------
+    query : Shape: ``[num_query_tokens, Hq, D]``, float32 | bfloat16 | float16.
+    key_cache, value_cache : Shape: ``[num_blocks, block_size, Hkv, D]``, dtype of query; Hkv divides Hq.
+    block_table : Shape: ``[B, max_blocks]``, int32.
+    seq_lens : keys per sequence, new tokens included. Shape: ``[B]``, int32.
+    cu_query_lens : exclusive prefix of query lengths, ``cu[0] = 0``. Shape: ``[B + 1]``, int32.
+    scale : multiplies ``q . k``, usually ``D ** -0.5``.
+    sliding_window : 0 = off; else each query sees its last ``sliding_window`` keys.
+    soft_cap : 0 = off; else logits become ``soft_cap * tanh(logits / soft_cap)``.
+    return_lse : also return the natural-log log-sum-exp of the logits.
+
+    Returns
+    -------
+    ``(out [num_query_tokens, Hq, D] dtype of query, lse [num_query_tokens, Hq] float32,
+    or [0, 0] when not asked)``.
+
+    Example
+    -------
+    >>> cache = torch.randn(4, 16, 2, 64)
+    >>> out, lse = specops.paged_attention(
+    ...     torch.randn(3, 8, 64), cache, cache, torch.tensor([[2, 0], [1, 3]], dtype=torch.int32),
+    ...     torch.tensor([20, 7], dtype=torch.int32), torch.tensor([0, 2, 3], dtype=torch.int32), 64 ** -0.5)
+    >>> out.shape
+    torch.Size([3, 8, 64])
+
+    Backends: the C++ CPU kernel and the reference (CUDA and Triton kernels are not written yet).
+    """
+    device = query.device
+    chosen = _attention_backend("paged_attention", backend, device)
+    if _should_validate(validate, device):
+        _checks.validate_paged_attention_values(
+            block_table, seq_lens, cu_query_lens, query.shape[0], key_cache.shape[1], key_cache.shape[0]
+        )
+    op = reference_attention.paged_attention if chosen is Backend.REFERENCE else torch.ops.specops.paged_attention
+    return op(
+        query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale, sliding_window, soft_cap,
+        return_lse,
     )

@@ -1,0 +1,309 @@
+"""The paged-attention ops' C++ CPU kernels against their float64 reference: shuffled block
+tables, lengths off the block size, ragged query lengths (decode and verify in one batch),
+GQA, sliding window, soft cap, LSE; NaN in unused cache slots must not leak; opcheck and
+torch.compile; named errors. (CUDA and Triton kernels are not written yet.)"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from specops.reference import attention as reference
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import specops
+
+# (dtype, max relative error ||out - ref|| / ||ref||, LSE absolute tolerance)
+TOLERANCES = [
+    (torch.float32, 1e-5, 1e-4),
+    (torch.float16, 2e-3, 1e-3),
+    (torch.bfloat16, 1e-2, 1e-3),
+]
+
+
+def make_batch(seq_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed, spare_blocks=3):
+    """A paged cache holding random keys/values for each sequence in shuffled blocks; every
+    other slot is NaN, and block-table columns past a sequence's blocks hold invalid ids."""
+    g = torch.Generator().manual_seed(seed)
+    blocks_needed = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks_needed) + spare_blocks
+    max_blocks = max(blocks_needed) + 1
+    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
+    block_table = torch.full((len(seq_lens), max_blocks), num_blocks + 7, dtype=torch.int32)
+    key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype)
+    value_cache = key_cache.clone()
+    used = 0
+    for b, (n, nb) in enumerate(zip(seq_lens, blocks_needed)):
+        block_table[b, :nb] = perm[used : used + nb]
+        used += nb
+        positions = torch.arange(n)
+        slots = block_table[b, positions // block_size].long() * block_size + positions % block_size
+        key_cache.view(-1, num_kv_heads, head_dim)[slots] = torch.randn(n, num_kv_heads, head_dim, generator=g).to(dtype)
+        value_cache.view(-1, num_kv_heads, head_dim)[slots] = torch.randn(n, num_kv_heads, head_dim, generator=g).to(
+            dtype
+        )
+    query = torch.randn(sum(q_lens), num_heads, head_dim, generator=g).to(dtype)
+    cu_query_lens = torch.tensor([0, *q_lens], dtype=torch.int64).cumsum(0).to(torch.int32)
+    return {
+        "query": query,
+        "key_cache": key_cache,
+        "value_cache": value_cache,
+        "block_table": block_table,
+        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
+        "cu_query_lens": cu_query_lens,
+    }
+
+
+def reference_float64(inputs, scale, sliding_window, soft_cap):
+    """The reference on float64 copies of the inputs: the exact answer for these inputs."""
+    upcast = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
+    return reference.paged_attention(
+        *upcast.values(), scale, sliding_window, soft_cap, True, accumulate_dtype=torch.float64
+    )
+
+
+def relative_error(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+# (name, seq_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size, sliding_window, soft_cap, logit_gain)
+CASES = [
+    ("decode", [1, 17, 40], [1, 1, 1], 4, 4, 64, 16, 0, 0.0, 1.0),
+    ("mixed-gqa4", [33, 5, 70, 1], [5, 1, 5, 1], 8, 2, 128, 32, 0, 0.0, 1.0),
+    ("verify-gqa8", [50, 9, 6], [1, 5, 5], 8, 1, 64, 16, 0, 0.0, 1.0),
+    ("window", [33, 5, 70, 1], [5, 1, 5, 1], 4, 1, 64, 16, 7, 0.0, 1.0),
+    ("window-longer-than-seq", [12, 40], [5, 1], 4, 2, 64, 32, 20, 0.0, 1.0),
+    ("soft-cap", [33, 70], [5, 1], 8, 2, 64, 16, 0, 5.0, 8.0),
+    ("window-and-cap", [45, 18], [1, 5], 4, 4, 128, 16, 9, 3.0, 8.0),
+]
+
+
+@pytest.mark.parametrize("dtype,max_error,lse_atol", TOLERANCES, ids=lambda v: str(v).replace("torch.", ""))
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_paged_attention_matches_reference(case, dtype, max_error, lse_atol):
+    _, seq_lens, q_lens, hq, hkv, d, block_size, window, cap, gain = case
+    inputs = make_batch(seq_lens, q_lens, hq, hkv, d, block_size, dtype, seed=sum(map(ord, case[0])))
+    scale = gain / math.sqrt(d)
+    out, lse = specops.paged_attention(*inputs.values(), scale, window, cap, True)
+    ref_out, ref_lse = reference_float64(inputs, scale, window, cap)
+    assert out.dtype == dtype and out.shape == inputs["query"].shape
+    assert lse.dtype == torch.float32 and lse.shape == inputs["query"].shape[:2]
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all(), "NaN from unused cache slots leaked"
+    assert relative_error(out, ref_out) < max_error
+    torch.testing.assert_close(lse.double(), ref_lse.double(), atol=lse_atol, rtol=0)
+
+
+def test_lse_empty_unless_asked_and_reference_backend():
+    inputs = make_batch([20, 3], [5, 1], 4, 2, 64, 16, torch.float32, seed=1)
+    out, lse = specops.paged_attention(*inputs.values(), 0.125)
+    assert lse.shape == (0, 0) and lse.dtype == torch.float32
+    ref_out, ref_lse = specops.paged_attention(*inputs.values(), 0.125, backend="reference")
+    assert ref_lse.shape == (0, 0)
+    assert relative_error(out, ref_out.double()) < 1e-5
+
+
+def test_window_of_one_returns_own_value():
+    """With sliding_window = 1 every query sees only its own key, so out = its value."""
+    inputs = make_batch([9, 21], [5, 1], 2, 2, 64, 16, torch.float32, seed=2)
+    out, _ = specops.paged_attention(*inputs.values(), 0.125, 1, 0.0, True)
+    block_table, cache = inputs["block_table"], inputs["value_cache"]
+    for row, (b, position) in enumerate([(0, p) for p in range(4, 9)] + [(1, 20)]):
+        block = block_table[b, position // 16]
+        torch.testing.assert_close(out[row], cache[block, position % 16])
+
+
+def make_cache_update(n, num_blocks, block_size, hkv, d, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    key_cache = torch.randn(num_blocks, block_size, hkv, d, generator=g).to(dtype)
+    value_cache = torch.randn(num_blocks, block_size, hkv, d, generator=g).to(dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:n]
+    slots[torch.rand(n, generator=g) < 0.3] = -1
+    key = torch.randn(n, hkv, d, generator=g).to(dtype)
+    value = torch.randn(n, hkv, d, generator=g).to(dtype)
+    return key, value, key_cache, value_cache, slots
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_reshape_and_cache_writes_exactly_the_mapped_slots(dtype, block_size):
+    key, value, key_cache, value_cache, slots = make_cache_update(23, 5, block_size, 2, 64, dtype, seed=block_size)
+    expected_k, expected_v = key_cache.clone(), value_cache.clone()
+    keep = slots >= 0
+    expected_k.view(-1, 2, 64)[slots[keep]] = key[keep]
+    expected_v.view(-1, 2, 64)[slots[keep]] = value[keep]
+    ref_k, ref_v = key_cache.clone(), value_cache.clone()
+    reference.reshape_and_cache(key, value, ref_k, ref_v, slots)
+    specops.reshape_and_cache(key, value, key_cache, value_cache, slots)
+    assert torch.equal(key_cache, expected_k) and torch.equal(value_cache, expected_v)
+    assert torch.equal(ref_k, expected_k) and torch.equal(ref_v, expected_v)
+
+
+def test_cache_then_attend_end_to_end():
+    """reshape_and_cache fills the cache that paged_attention then reads."""
+    inputs = make_batch([30, 4], [5, 1], 4, 2, 64, 16, torch.float32, seed=3)
+    block_table, key_cache, value_cache = inputs["block_table"], inputs["key_cache"], inputs["value_cache"]
+    g = torch.Generator().manual_seed(4)
+    new_key, new_value = torch.randn(6, 2, 64, generator=g), torch.randn(6, 2, 64, generator=g)
+    positions = [(0, p) for p in range(25, 30)] + [(1, 3)]
+    slots = torch.tensor([int(block_table[b, p // 16]) * 16 + p % 16 for b, p in positions])
+    specops.reshape_and_cache(new_key, new_value, key_cache, value_cache, slots)
+    out, _ = specops.paged_attention(*inputs.values(), 0.125)
+    ref_out, _ = reference_float64(inputs, 0.125, 0, 0.0)
+    assert relative_error(out, ref_out) < 1e-5
+
+
+def test_kernel_stays_in_bounds_without_validation():
+    """Bad block ids and too-long seq_lens are masked or clamped, never read."""
+    inputs = make_batch([20, 3], [5, 1], 4, 2, 64, 16, torch.float32, seed=5)
+    inputs["block_table"][0, 0] = -5
+    inputs["block_table"][1, 0] = 1 << 30
+    inputs["seq_lens"][0] = 10_000
+    out, lse = specops.paged_attention(*inputs.values(), 0.125, 0, 0.0, True, validate=False)
+    assert out.shape == inputs["query"].shape and lse.shape == (6, 4)
+    key, value, key_cache, value_cache, _ = make_cache_update(3, 2, 16, 2, 64, torch.float32, seed=6)
+    before = key_cache.clone()
+    specops.reshape_and_cache(key, value, key_cache, value_cache, torch.tensor([-7, 32, 1 << 40]), validate=False)
+    assert torch.equal(key_cache, before)
+
+
+def test_opcheck():
+    inputs = make_batch([20, 3], [5, 1], 4, 2, 64, 16, torch.float32, seed=7)
+    # opcheck compares runs, so no NaN (unused slots) in the caches here.
+    for name in ("key_cache", "value_cache"):
+        inputs[name] = torch.nan_to_num(inputs[name], nan=0.0)
+    for return_lse in (True, False):
+        torch.library.opcheck(torch.ops.specops.paged_attention.default, (*inputs.values(), 0.125, 4, 2.0, return_lse))
+    cache_args = make_cache_update(7, 3, 16, 2, 64, torch.float32, seed=8)
+    torch.library.opcheck(torch.ops.specops.reshape_and_cache.default, cache_args)
+
+
+def test_torch_compile_fullgraph():
+    inputs = make_batch([20, 3], [5, 1], 4, 2, 64, 16, torch.float32, seed=9)
+    g = torch.Generator().manual_seed(10)
+    new_key, new_value = torch.randn(2, 2, 64, generator=g), torch.randn(2, 2, 64, generator=g)
+    slots = torch.tensor([int(inputs["block_table"][0, 1]) * 16 + 3, -1])
+
+    def step(key, value, slot_mapping, query, key_cache, value_cache, block_table, seq_lens, cu_query_lens):
+        specops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+        return specops.paged_attention(
+            query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, 0.125, 0, 0.0, True
+        )
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    eager_inputs = {k: v.clone() for k, v in inputs.items()}
+    got = compiled(new_key, new_value, slots, *inputs.values())
+    expected = step(new_key, new_value, slots, *eager_inputs.values())
+    assert torch.equal(inputs["key_cache"].nan_to_num(), eager_inputs["key_cache"].nan_to_num())
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+
+
+def test_no_cuda_or_triton_kernels_yet():
+    inputs = make_batch([4], [1], 2, 2, 64, 16, torch.float32, seed=11)
+    for backend in ("cuda", "triton"):
+        with pytest.raises(NotImplementedError, match="paged_attention"):
+            specops.paged_attention(*inputs.values(), 0.125, backend=backend)
+
+
+# ---- named errors ----
+
+
+def _bad_dtype(inputs):
+    inputs["block_table"] = inputs["block_table"].long()
+
+
+def _cache_dtype(inputs):
+    inputs["key_cache"] = inputs["key_cache"].half()
+    inputs["value_cache"] = inputs["value_cache"].half()
+
+
+def _head_dim(inputs):
+    inputs["query"] = inputs["query"][..., :32].contiguous()
+
+
+def _heads(inputs):
+    inputs["query"] = torch.randn(6, 3, 64)
+
+
+def _rank(inputs):
+    inputs["seq_lens"] = inputs["seq_lens"][None]
+
+
+# (mutation, exception, message fragment): shape/dtype checks, run by the kernel and the fake
+SHAPE_ERRORS = [
+    (_bad_dtype, TypeError, "block_table must be int32"),
+    (_cache_dtype, TypeError, "key_cache must be"),
+    (_head_dim, ValueError, "key_cache head_dim"),
+    (_heads, ValueError, "num_heads"),
+    (_rank, ValueError, "seq_lens must have shape"),
+]
+
+
+@pytest.mark.parametrize("mode", ["kernel", "fake"])
+@pytest.mark.parametrize("mutate,error,match", SHAPE_ERRORS, ids=[e[0].__name__ for e in SHAPE_ERRORS])
+def test_shape_errors_name_the_argument(mutate, error, match, mode):
+    inputs = make_batch([20, 3], [5, 1], 4, 2, 64, 16, torch.float32, seed=12)
+    mutate(inputs)
+    if mode == "fake":
+        with FakeTensorMode() as fake_mode:
+            inputs = {k: fake_mode.from_tensor(v) for k, v in inputs.items()}
+            with pytest.raises(error, match=match):
+                torch.ops.specops.paged_attention(*inputs.values(), 0.125)
+    else:
+        with pytest.raises(error, match=match):
+            torch.ops.specops.paged_attention(*inputs.values(), 0.125)
+
+
+def _block_out_of_range(inputs):
+    inputs["block_table"][1, 0] = inputs["key_cache"].shape[0]
+
+
+def _negative_block(inputs):
+    inputs["block_table"][0, 1] = -1
+
+
+def _seq_shorter_than_queries(inputs):
+    inputs["seq_lens"][0] = 4
+
+
+def _cu_inconsistent(inputs):
+    inputs["cu_query_lens"][-1] = 5
+
+
+def _seq_beyond_block_table(inputs):
+    inputs["seq_lens"][1] = 16 * inputs["block_table"].shape[1] + 1
+
+
+VALUE_ERRORS = [
+    (_block_out_of_range, "block_table holds a block id outside"),
+    (_negative_block, "block_table holds a block id outside"),
+    (_seq_shorter_than_queries, "seq_lens must be >="),
+    (_cu_inconsistent, "cu_query_lens is inconsistent"),
+    (_seq_beyond_block_table, "seq_lens is too long for block_table"),
+]
+
+
+@pytest.mark.parametrize("mutate,match", VALUE_ERRORS, ids=[e[0].__name__ for e in VALUE_ERRORS])
+def test_value_errors_name_the_argument(mutate, match):
+    inputs = make_batch([20, 3], [5, 1], 4, 2, 64, 16, torch.float32, seed=13)
+    mutate(inputs)
+    with pytest.raises(ValueError, match=match):
+        specops.paged_attention(*inputs.values(), 0.125)
+
+
+def test_reshape_and_cache_errors_name_the_argument():
+    key, value, key_cache, value_cache, slots = make_cache_update(4, 3, 16, 2, 64, torch.float32, seed=14)
+    with pytest.raises(TypeError, match="key must be"):
+        specops.reshape_and_cache(key.half(), value, key_cache, value_cache, slots)
+    with pytest.raises(TypeError, match="slot_mapping must be int64"):
+        specops.reshape_and_cache(key, value, key_cache, value_cache, slots.int())
+    with pytest.raises(ValueError, match="value must have shape"):
+        specops.reshape_and_cache(key, value[..., :32].contiguous(), key_cache, value_cache, slots)
+    with pytest.raises(ValueError, match="slot_mapping holds a slot outside"):
+        specops.reshape_and_cache(key, value, key_cache, value_cache, torch.tensor([0, 1, 2, 48]))
+    real = (key.half(), value, key_cache, value_cache, slots)
+    with FakeTensorMode() as fake_mode:
+        fakes = [fake_mode.from_tensor(t) for t in real]
+        with pytest.raises(TypeError, match="key must be"):
+            torch.ops.specops.reshape_and_cache(*fakes)
