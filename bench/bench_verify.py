@@ -1,0 +1,145 @@
+"""Fused verify: specops.verify from target logits against the peers' full paths at the
+shapes of ANCHORS.md section 1 (bench "verify", DESIGN.md's row format).
+
+Rows, all from fp32 target logits (+ bonus logits), temperature 1 (greedy: 0):
+  specops-<backend>  specops.verify (draws in-kernel from Philox), validate=False.
+  torch-eager        softmax, then the decomposed pipeline written in torch (bench_sampling).
+  flashinfer         flashinfer.sampling.softmax + chain_speculative_sampling ("full").
+Floor (ANCHORS.md): every target and bonus logit row read once, plus one residual row
+pair per request (random: target and draft rows; n-gram: the target row; greedy: none):
+4 V (T + B + r B) bytes, r = 2 random, 1 n-gram, 0 greedy, over the copy bandwidth.
+
+Before timing, each specops backend is checked against specops.reference.verify on the
+first requests of the batch (a seeded request's tokens do not depend on its batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+
+import torch
+
+import common
+import specops
+from bench_sampling import (
+    QUICK_SHAPES,
+    SHAPES,
+    draw,
+    flashinfer_pipeline,
+    full_input,
+    import_flashinfer,
+    make_inputs,
+    torch_pipeline,
+)
+from specops.reference.verify import verify as reference_verify
+
+CHECKED_REQUESTS = 4  # requests compared with the reference per shape (the reference is slow)
+# (B, k, V, mode) -> FlashInfer "full" µs on an H100, from ANCHORS.md section 1.
+FLASHINFER_FULL_ANCHOR_US = {
+    (1, 4, 128256, "random"): 153, (1, 4, 128256, "ngram"): 123, (16, 4, 128256, "random"): 156,
+    (64, 4, 128256, "random"): 357, (64, 4, 128256, "ngram"): 355, (256, 4, 128256, "random"): 1085,
+    (64, 8, 151936, "random"): 644, (64, 4, 32000, "random"): 93,
+}
+ANCHOR_LABEL = "FlashInfer full (ANCHORS.md, H100)"
+
+
+def verify_args(x, device) -> tuple:
+    """specops.verify's arguments for bench_sampling's inputs."""
+    B, k, V = x.shape
+    temperature = torch.full((B,), 0.0 if x.mode == "greedy" else 1.0, device=device)
+    seeds = torch.arange(B, dtype=torch.int64, device=device) + 1000
+    positions = torch.full((B,), 17, dtype=torch.int64, device=device)
+    bonus_logits = x.logits_with_bonus[:, k].contiguous()
+    return (x.target_logits.contiguous(), bonus_logits, x.draft_token_ids, x.draft_probs, x.cu_num_draft_tokens,
+            temperature, None, None, seeds, positions, k)
+
+
+def first_requests(args: tuple, count: int, k: int) -> tuple:
+    """The same call restricted to its first ``count`` requests (k drafts each), on the CPU."""
+    rows = count * k
+    target, bonus, drafts, draft_probs, cu, temperature, top_k, top_p, seeds, positions, width = args
+    return (target[:rows].cpu(), bonus[:count].cpu(), drafts[:rows].cpu(),
+            None if draft_probs is None else draft_probs[:rows].cpu(), cu[:count].cpu(), temperature[:count].cpu(),
+            top_k, top_p, seeds[:count].cpu(), positions[:count].cpu(), width)
+
+
+def floor_bytes(B: int, k: int, V: int, mode: str) -> int:
+    residual_rows = {"random": 2, "ngram": 1, "greedy": 0}[mode]
+    return 4 * V * (B * k + B + residual_rows * B)
+
+
+def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters) -> list[dict]:
+    B, k, V = x.shape
+    rows = []
+
+    def add(impl: str, fn, note: str = "") -> None:
+        try:
+            us = common.time_us(fn, device, iters=iters)
+        except Exception as error:  # a kernel that is missing or failing: report, go on
+            print(f"skipped {impl} B={B} k={k} V={V} {x.mode}: {type(error).__name__}: {error}")
+            return
+        row = {"bench": "verify", "impl": impl, "B": B, "k": k, "V": V, "mode": x.mode, "us": round(us, 2),
+               "floor_us": round(floor_bytes(B, k, V, x.mode) / copy_bw_tbs / 1e6, 2)}
+        rows.append(row | ({"note": note} if note else {}))
+
+    args = verify_args(x, device)
+    small = first_requests(args, min(B, CHECKED_REQUESTS), k)
+    want = reference_verify(*small)
+    for backend in backends:
+        run = functools.partial(specops.verify, *args, backend=backend, validate=False)
+        if device.type == "cpu":
+            got = specops.verify(*small, backend=backend, validate=False)
+        else:  # the first requests of the full batch: same seeds and positions as `small`
+            got = tuple(t[: small[4].shape[0]] for t in run()[:2])
+        note = ""
+        if not all(torch.equal(g.cpu(), w) for g, w in zip(got[:2], want[:2])):
+            print(f"*** MISMATCH: specops-{backend} B={B} k={k} V={V} {x.mode} differs from the reference")
+            note = "output differs from the reference"
+        add(f"specops-{backend}", run, note)
+    add("torch-eager", lambda: torch_pipeline(x, full_input(x), *draw(x)))
+    if flashinfer is not None and x.mode != "greedy":
+        add("flashinfer", functools.partial(flashinfer_pipeline(flashinfer, from_logits=True), x),
+            note="softmax + chain_speculative_sampling; own RNG, not checked")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Fused verify benchmark (see the module docstring).")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="small shapes (smoke runs)")
+    parser.add_argument("--out", default=str(common.REPO_ROOT / "bench" / "results"))
+    parser.add_argument("--no-flashinfer", action="store_true")
+    parser.add_argument("--iters", type=int, default=50)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    env = common.env_stamp(device)
+    print(env)
+    if device.type == "cuda":
+        backends = ["triton"]  # the CUDA kernel of verify is not written yet
+    else:
+        backends = ["cpu"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" else [])
+    flashinfer = None if args.no_flashinfer or device.type != "cuda" else import_flashinfer()
+    rows = []
+    for B, k, V, mode in QUICK_SHAPES if args.quick else SHAPES:
+        x = make_inputs(B, k, V, mode, device, flashinfer is not None)
+        rows += bench_shape(x, device, backends, flashinfer, env["copy_bw_tbs"], args.iters)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print()
+    anchor = {ANCHOR_LABEL: lambda row: FLASHINFER_FULL_ANCHOR_US.get((row["B"], row["k"], row["V"], row["mode"]))}
+    common.print_table(rows, ("B", "k", "V", "mode"), ("torch-eager", "flashinfer"), anchor)
+    path = common.write_results("verify", env, rows, args.out)
+    print(f"wrote {path}")
+    try:
+        import plot_results
+
+        print(f"wrote {plot_results.plot([path])}")
+    except ImportError as error:
+        print(f"no plot ({error})")
+
+
+if __name__ == "__main__":
+    main()
