@@ -6,25 +6,11 @@
 
 #include <string>
 
+#include "check_messages.h"
 #include "sampling.h"
 
 namespace specops {
 namespace {
-
-// Messages never stream an integer: with torch 2.11's wheel on the lent GPU machine,
-// formatting an int64 through c10::str's ostringstream segfaulted inside the extension
-// (a libstdc++ num_put mismatch), while strings streamed fine. So numbers go through
-// std::to_string, and shapes are "[2, 3]" built by hand.
-std::string num(int64_t n) { return std::to_string(n); }
-
-std::string shape_str(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (d > 0) s += ", ";
-    s += num(t.size(d));
-  }
-  return s + "]";
-}
 
 void check_device(const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
   TORCH_CHECK_VALUE(t.device() == ref.device(), name, " must be on the same device as ", ref_name,

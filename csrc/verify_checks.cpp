@@ -1,17 +1,12 @@
 // Argument checks of verify (shapes, dtypes, devices; no device sync). Numbers go into
-// messages through std::to_string (see sampling_checks.cpp for why).
+// messages through std::to_string (see check_messages.h for why).
 #include <string>
 
+#include "check_messages.h"
 #include "verify.h"
 
 namespace specops {
 namespace {
-
-std::string shape(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
-  return s + "]";
-}
 
 void same_device(const at::Tensor& t, const char* name, const at::Tensor& ref) {
   TORCH_CHECK_VALUE(t.device() == ref.device(), name, " must be on the same device as target_logits (",
@@ -23,7 +18,7 @@ void vector(const at::Tensor& t, const char* name, int64_t size, const char* siz
   same_device(t, name, ref);
   TORCH_CHECK_TYPE(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
   TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == size, name, " must have shape [", size_name, "] = [",
-                    std::to_string(size), "], got ", shape(t));
+                    std::to_string(size), "], got ", shape_str(t));
   TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
 }
 
@@ -32,7 +27,7 @@ void rows(const at::Tensor& t, const char* name, int64_t count, const char* coun
   same_device(t, name, ref);
   TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == count && t.size(1) == vocab, name, " must have shape [",
                     count_name, ", vocab] = [", std::to_string(count), ", ", std::to_string(vocab),
-                    "], got ", shape(t));
+                    "], got ", shape_str(t));
   TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
 }
 
@@ -47,13 +42,13 @@ VerifySizes check_verify(const at::Tensor& target_logits, const at::Tensor& bonu
   TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
                    "target_logits must be float32, bfloat16 or float16, got ", dtype);
   TORCH_CHECK_VALUE(target_logits.dim() == 2 && target_logits.size(1) >= 1,
-                    "target_logits must have shape [num_tokens, vocab], got ", shape(target_logits));
+                    "target_logits must have shape [num_tokens, vocab], got ", shape_str(target_logits));
   TORCH_CHECK_VALUE(target_logits.is_contiguous(), "target_logits must be contiguous");
   const int64_t num_tokens = target_logits.size(0), vocab = target_logits.size(1);
   TORCH_CHECK_VALUE(vocab <= (int64_t{1} << 30), "target_logits vocab must be at most 2^30, got ",
                     std::to_string(vocab));
   TORCH_CHECK_VALUE(cu_num_draft_tokens.dim() == 1, "cu_num_draft_tokens must have shape [batch], got ",
-                    shape(cu_num_draft_tokens));
+                    shape_str(cu_num_draft_tokens));
   const int64_t batch = cu_num_draft_tokens.size(0);
   vector(cu_num_draft_tokens, "cu_num_draft_tokens", batch, "batch", at::kInt, target_logits);
   TORCH_CHECK_TYPE(bonus_logits.scalar_type() == dtype, "bonus_logits must be ", dtype,
@@ -64,7 +59,7 @@ VerifySizes check_verify(const at::Tensor& target_logits, const at::Tensor& bonu
                    "draft_token_ids must be int32 or int64, got ", draft_token_ids.scalar_type());
   TORCH_CHECK_VALUE(draft_token_ids.dim() == 1 && draft_token_ids.size(0) == num_tokens,
                     "draft_token_ids must have shape [num_tokens] = [", std::to_string(num_tokens),
-                    "], got ", shape(draft_token_ids));
+                    "], got ", shape_str(draft_token_ids));
   TORCH_CHECK_VALUE(draft_token_ids.is_contiguous(), "draft_token_ids must be contiguous");
   if (draft_probs.has_value()) {
     TORCH_CHECK_TYPE(draft_probs->scalar_type() == at::kFloat, "draft_probs must be Float, got ",
