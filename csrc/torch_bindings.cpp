@@ -77,6 +77,7 @@ TORCH_LIBRARY(specops, m) {
 TORCH_LIBRARY(specops_triton, m) {
   define_sampling_schemas(m);
   define_verify_schema(m);
+  define_attention_schemas(m);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -21,6 +21,7 @@ def _require_runnable(device: torch.device) -> None:
 
 def register() -> None:
     from specops.triton_kernels import sampling as kernels
+    from specops.triton_kernels import attention as attention_kernels
     from specops.triton_kernels import verify as verify_kernels
 
     def impl(name):
@@ -90,3 +91,19 @@ def register() -> None:
         _checks.check_verify(*args)
         _require_runnable(target_logits.device)
         return verify_kernels.verify(*args, return_logprobs)
+
+    @impl("reshape_and_cache")
+    def _reshape_and_cache(key, value, key_cache, value_cache, slot_mapping):
+        args = (key, value, key_cache, value_cache, slot_mapping)
+        _checks.check_reshape_and_cache(*args)
+        _require_runnable(key.device)
+        attention_kernels.reshape_and_cache(*args)
+
+    @impl("paged_attention")
+    def _paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale,
+                         sliding_window=0, soft_cap=0.0, return_lse=False):
+        _checks.check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
+                                      sliding_window, soft_cap)
+        _require_runnable(query.device)
+        return attention_kernels.paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
+                                                 scale, sliding_window, soft_cap, return_lse)

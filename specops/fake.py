@@ -99,12 +99,12 @@ def _verify_fake(
 # Paged attention: torch.ops.specops only (no Triton kernels yet, so no specops_triton schema).
 
 
-@torch.library.register_fake("specops::reshape_and_cache")
+@_register("reshape_and_cache")
 def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping):
     _checks.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
 
-@torch.library.register_fake("specops::paged_attention")
+@_register("paged_attention")
 def _paged_attention_fake(
     query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale, sliding_window=0, soft_cap=0.0,
     return_lse=False,

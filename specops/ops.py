@@ -270,14 +270,12 @@ def verify(
 
 
 def _attention_backend(name: str, backend: Backend | str | None, device: torch.device) -> Backend:
-    """The C++ CPU kernel or the reference: the CUDA and Triton kernels are not written yet."""
-    if backend is None:
-        backend = Backend.CPU if device.type == "cpu" else Backend.CUDA
-    chosen = Backend(backend)
-    if chosen in (Backend.CUDA, Backend.TRITON):
-        raise NotImplementedError(
-            f"{name} has no {chosen.value} kernel yet: use backend='cpu' on CPU tensors or 'reference' ({device})"
-        )
+    """The C++ CPU kernel, the Triton kernel or the reference: the CUDA kernel is not written
+    yet, so CUDA tensors default to the Triton kernel (a first, untuned version)."""
+    available = [b for b in available_backends(device) if b is not Backend.CUDA]
+    chosen = Backend(backend) if backend is not None else available[0]
+    if chosen is Backend.CUDA:
+        raise NotImplementedError(f"{name} has no CUDA kernel yet: use backend='triton' or 'reference' ({device})")
     return resolve(chosen, device)
 
 
@@ -317,7 +315,7 @@ def reshape_and_cache(
     chosen = _attention_backend("reshape_and_cache", backend, device)
     if _should_validate(validate, device):
         _checks.validate_slot_mapping(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
-    op = reference_attention.reshape_and_cache if chosen is Backend.REFERENCE else torch.ops.specops.reshape_and_cache
+    op = reference_attention.reshape_and_cache if chosen is Backend.REFERENCE else _op("reshape_and_cache", chosen)
     op(key, value, key_cache, value_cache, slot_mapping)
 
 
@@ -374,7 +372,7 @@ def paged_attention(
         _checks.validate_paged_attention_values(
             block_table, seq_lens, cu_query_lens, query.shape[0], key_cache.shape[1], key_cache.shape[0]
         )
-    op = reference_attention.paged_attention if chosen is Backend.REFERENCE else torch.ops.specops.paged_attention
+    op = reference_attention.paged_attention if chosen is Backend.REFERENCE else _op("paged_attention", chosen)
     return op(
         query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale, sliding_window, soft_cap,
         return_lse,

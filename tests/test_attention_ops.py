@@ -13,6 +13,8 @@ from specops.reference import attention as reference
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import specops
+from conftest import backend_params
+from specops.backend import Backend
 
 # (dtype, max relative error ||out - ref|| / ||ref||, LSE absolute tolerance)
 TOLERANCES = [
@@ -199,11 +201,43 @@ def test_torch_compile_fullgraph():
         torch.testing.assert_close(a, b)
 
 
-def test_no_cuda_or_triton_kernels_yet():
+def test_no_cuda_kernel_yet():
     inputs = make_batch([4], [1], 2, 2, 64, 16, torch.float32, seed=11)
-    for backend in ("cuda", "triton"):
-        with pytest.raises(NotImplementedError, match="paged_attention"):
-            specops.paged_attention(*inputs.values(), 0.125, backend=backend)
+    with pytest.raises(NotImplementedError, match="paged_attention"):
+        specops.paged_attention(*inputs.values(), 0.125, backend="cuda")
+
+
+# The Triton kernels: under the interpreter on CPU tensors (float32 and float16: the
+# interpreter's bfloat16 matrix products are not faithful), every dtype on a GPU.
+TRITON_PARAMS = [p for p in backend_params() if p.values[1] is Backend.TRITON]
+
+
+@pytest.mark.parametrize("device,backend", TRITON_PARAMS)
+@pytest.mark.parametrize("dtype,max_error,lse_atol", TOLERANCES, ids=lambda v: str(v).replace("torch.", ""))
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_triton_paged_attention_matches_reference(device, backend, case, dtype, max_error, lse_atol):
+    if device == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("the Triton interpreter's bfloat16 dot is not faithful; runs on the GPU")
+    _, seq_lens, q_lens, hq, hkv, d, block_size, window, cap, gain = case
+    inputs = make_batch(seq_lens, q_lens, hq, hkv, d, block_size, dtype, seed=sum(map(ord, case[0])))
+    scale = gain / math.sqrt(d)
+    on_device = {k: v.to(device) for k, v in inputs.items()}
+    out, lse = specops.paged_attention(*on_device.values(), scale, window, cap, True, backend=backend)
+    ref_out, ref_lse = reference_float64(inputs, scale, window, cap)
+    assert out.dtype == dtype and torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert relative_error(out.cpu(), ref_out) < max_error
+    torch.testing.assert_close(lse.cpu().double(), ref_lse.double(), atol=lse_atol, rtol=0)
+
+
+@pytest.mark.parametrize("device,backend", TRITON_PARAMS)
+def test_triton_reshape_and_cache_matches_cpu(device, backend):
+    key, value, key_cache, value_cache, slots = make_cache_update(9, 4, 16, 2, 64, torch.float16, seed=3)
+    expected_k, expected_v = key_cache.clone(), value_cache.clone()
+    specops.reshape_and_cache(key, value, expected_k, expected_v, slots, backend="cpu")
+    got_k, got_v = key_cache.to(device), value_cache.to(device)
+    specops.reshape_and_cache(key.to(device), value.to(device), got_k, got_v, slots.to(device), backend=backend)
+    assert torch.equal(got_k.cpu().nan_to_num(), expected_k.nan_to_num())
+    assert torch.equal(got_v.cpu().nan_to_num(), expected_v.nan_to_num())
 
 
 # ---- named errors ----
