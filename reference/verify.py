@@ -132,7 +132,7 @@ def race(weights: torch.Tensor, exponentials: torch.Tensor) -> int:
     return int(torch.argmax(scores))
 
 
-def _greedy_request(rows, bonus_row, drafts, width, return_logprobs):
+def _greedy_request(rows, bonus_row, drafts, return_logprobs):
     tokens, logprobs = [], []
     for i in range(len(drafts) + 1):
         row = rows[i] if i < len(drafts) else bonus_row
@@ -203,7 +203,7 @@ def verify(
         bonus_row = bonus_logits[b].cpu()
         temp = float(temperature[b])
         if temp == 0.0:
-            tokens, accepted, lps = _greedy_request(rows, bonus_row, drafts, width, return_logprobs)
+            tokens, accepted, lps = _greedy_request(rows, bonus_row, drafts, return_logprobs)
         else:
             params = (
                 temp,

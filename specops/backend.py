@@ -50,14 +50,19 @@ def available_backends(device: torch.device) -> list[Backend]:
     return backends
 
 
-def resolve(backend: Backend | str | None, device: torch.device) -> Backend:
+def resolve(
+    backend: Backend | str | None, device: torch.device, *, op: str = "", missing: tuple[Backend, ...] = ()
+) -> Backend:
     """The backend to use: the one asked for (checked to run on ``device``), else the
-    fastest available."""
-    available = available_backends(device)
+    fastest available. ``missing`` names the backends ``op`` has no kernel for yet: they are
+    skipped by the default choice and raise NotImplementedError when asked for."""
+    available = [b for b in available_backends(device) if b not in missing]
     if backend is None:
         return available[0]
     chosen = Backend(backend)
+    names = ", ".join(b.value for b in available)
+    if chosen in missing:
+        raise NotImplementedError(f"{op} has no {chosen.value} kernel yet; available on {device}: {names}")
     if chosen not in available:
-        names = ", ".join(b.value for b in available)
         raise ValueError(f"backend {chosen.value!r} cannot run on {device} tensors here; available: {names}")
     return chosen

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from specops import _checks
-from specops.backend import Backend, available_backends, resolve
+from specops.backend import Backend, resolve
 from specops.reference import attention as reference_attention
 from specops.reference import sampling as reference
 from specops.reference import verify as reference_verify
@@ -26,9 +26,14 @@ def _should_validate(validate: bool, device: torch.device) -> bool:
     return not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
 
+# Ops whose CUDA kernel is not written yet: on CUDA tensors they default to Triton.
+NO_CUDA_KERNEL = (Backend.CUDA,)
+
+
 def _op(name: str, backend: Backend):
     if backend is Backend.REFERENCE:
-        return getattr(reference, name)
+        module = next(m for m in (reference, reference_verify, reference_attention) if hasattr(m, name))
+        return getattr(module, name)
     if backend is Backend.TRITON:
         return getattr(torch.ops.specops_triton, name)
     return getattr(torch.ops.specops, name)
@@ -253,30 +258,15 @@ def verify(
     version), and ``backend="cuda"`` raises.
     """
     device = target_logits.device
-    available = [b for b in available_backends(device) if b is not Backend.CUDA]
-    chosen = Backend(backend) if backend is not None else available[0]
-    if chosen is Backend.CUDA:
-        raise NotImplementedError(f"verify has no CUDA kernel yet: use backend='triton' or 'reference' on {device}")
-    chosen = resolve(chosen, device)
+    chosen = resolve(backend, device, op="verify", missing=NO_CUDA_KERNEL)
     if _should_validate(validate, device):
         _checks.validate_cu_num_draft_tokens(cu_num_draft_tokens, draft_token_ids.shape[0], max_spec_len)
         _checks.validate_token_ids(draft_token_ids, "draft_token_ids", target_logits.shape[-1])
         _checks.validate_verify_values(target_logits, bonus_logits, temperature, top_k, top_p)
-    op = reference_verify.verify if chosen is Backend.REFERENCE else _op("verify", chosen)
-    return op(
+    return _op("verify", chosen)(
         target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
         seeds, positions, max_spec_len, return_logprobs,
     )
-
-
-def _attention_backend(name: str, backend: Backend | str | None, device: torch.device) -> Backend:
-    """The C++ CPU kernel, the Triton kernel or the reference: the CUDA kernel is not written
-    yet, so CUDA tensors default to the Triton kernel (a first, untuned version)."""
-    available = [b for b in available_backends(device) if b is not Backend.CUDA]
-    chosen = Backend(backend) if backend is not None else available[0]
-    if chosen is Backend.CUDA:
-        raise NotImplementedError(f"{name} has no CUDA kernel yet: use backend='triton' or 'reference' ({device})")
-    return resolve(chosen, device)
 
 
 def reshape_and_cache(
@@ -309,14 +299,15 @@ def reshape_and_cache(
     >>> cache[1, 1].sum().item()
     8.0
 
-    Backends: the C++ CPU kernel and the reference (CUDA and Triton kernels are not written yet).
+    Backends: the C++ CPU kernel, the Triton kernel (a first version, not yet run on a GPU;
+    the default on CUDA tensors) and the reference. The CUDA kernel is not written yet:
+    ``backend="cuda"`` raises NotImplementedError.
     """
     device = key_cache.device
-    chosen = _attention_backend("reshape_and_cache", backend, device)
+    chosen = resolve(backend, device, op="reshape_and_cache", missing=NO_CUDA_KERNEL)
     if _should_validate(validate, device):
         _checks.validate_slot_mapping(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
-    op = reference_attention.reshape_and_cache if chosen is Backend.REFERENCE else _op("reshape_and_cache", chosen)
-    op(key, value, key_cache, value_cache, slot_mapping)
+    _op("reshape_and_cache", chosen)(key, value, key_cache, value_cache, slot_mapping)
 
 
 def paged_attention(
@@ -364,16 +355,17 @@ def paged_attention(
     >>> out.shape
     torch.Size([3, 8, 64])
 
-    Backends: the C++ CPU kernel and the reference (CUDA and Triton kernels are not written yet).
+    Backends: the C++ CPU kernel, the Triton kernel (a first version, not yet run on a GPU;
+    the default on CUDA tensors) and the reference. The CUDA kernel is not written yet:
+    ``backend="cuda"`` raises NotImplementedError.
     """
     device = query.device
-    chosen = _attention_backend("paged_attention", backend, device)
+    chosen = resolve(backend, device, op="paged_attention", missing=NO_CUDA_KERNEL)
     if _should_validate(validate, device):
         _checks.validate_paged_attention_values(
             block_table, seq_lens, cu_query_lens, query.shape[0], key_cache.shape[1], key_cache.shape[0]
         )
-    op = reference_attention.paged_attention if chosen is Backend.REFERENCE else _op("paged_attention", chosen)
-    return op(
+    return _op("paged_attention", chosen)(
         query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale, sliding_window, soft_cap,
         return_lse,
     )

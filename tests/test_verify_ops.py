@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import backend_params
+from verify_inputs import make_inputs, select_requests
 
 import specops
 from specops.backend import Backend
@@ -18,30 +19,6 @@ from specops.reference.verify import verify as reference_verify
 
 # Every verify kernel present here (its CUDA kernel is not written yet).
 KERNEL_BACKENDS = [p for p in backend_params() if p.values[1] is not Backend.CUDA]
-
-
-def make_inputs(num_draft_tokens, vocab, seed, *, greedy_fraction=0.3, ngram=False, dtype=torch.float32,
-                id_dtype=torch.int32, with_top=True):
-    g = torch.Generator().manual_seed(seed)
-    batch, num_tokens = len(num_draft_tokens), sum(num_draft_tokens)
-    target = torch.randn(num_tokens, vocab, generator=g) * 2
-    draft_probs = torch.softmax(target + torch.randn(num_tokens, vocab, generator=g), -1)
-    drafts = (torch.multinomial(draft_probs, 1, generator=g).squeeze(-1) if num_tokens
-              else torch.zeros(0, dtype=torch.int64))
-    temperature = torch.rand(batch, generator=g) + 0.3
-    temperature[torch.rand(batch, generator=g) < greedy_fraction] = 0.0
-    return dict(
-        target_logits=target.to(dtype),
-        bonus_logits=torch.randn(batch, vocab, generator=g).to(dtype),
-        draft_token_ids=drafts.to(id_dtype),
-        draft_probs=None if ngram else draft_probs,
-        cu_num_draft_tokens=torch.tensor(num_draft_tokens, dtype=torch.int64).cumsum(0).to(torch.int32),
-        temperature=temperature,
-        top_k=torch.randint(0, vocab + 2, (batch,), generator=g).to(torch.int32) if with_top else None,
-        top_p=(torch.rand(batch, generator=g) * 0.6 + 0.5) if with_top else None,
-        seeds=torch.randint(-(2**62), 2**62, (batch,), generator=g),
-        positions=torch.randint(0, 2**40, (batch,), generator=g),
-    )
 
 
 def on(inputs, device):
@@ -91,10 +68,7 @@ def test_hypothesis_matches_reference(device, backend):
 def test_seeded_request_same_in_any_batch(device, backend):
     inputs = make_inputs([4, 2, 3], 300, seed=9, greedy_fraction=0.0)
     full = specops.verify(*on(inputs, device).values(), 4, True, backend=backend)
-    alone = {k: (v[1:2] if k in ("bonus_logits", "temperature", "top_k", "top_p", "seeds", "positions") else v)
-             for k, v in inputs.items()}
-    alone.update(target_logits=inputs["target_logits"][4:6], draft_token_ids=inputs["draft_token_ids"][4:6],
-                 draft_probs=inputs["draft_probs"][4:6], cu_num_draft_tokens=torch.tensor([2], dtype=torch.int32))
+    alone = select_requests(inputs, [1])
     single = specops.verify(*on(alone, device).values(), 4, True, backend=backend)
     for s, f in zip(single, full):
         assert torch.equal(s[0], f[1])

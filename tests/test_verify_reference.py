@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 from distribution_harness import assert_follows
+from verify_inputs import make_inputs, select_requests
 
 from specops.reference import philox
 from specops.reference.repro_math import repro_exp, repro_exponential, repro_log
@@ -99,52 +100,17 @@ def test_processed_probs_top_k_top_p_keep_the_sorted_sets(seed):
     assert float(ratio.max() - ratio.min()) < 1e-5  # renormalised, shape unchanged
 
 
-def _batch(num_draft_tokens, vocab, seed, *, greedy=()):
-    g = torch.Generator().manual_seed(seed)
-    batch = len(num_draft_tokens)
-    t = sum(num_draft_tokens)
-    target = torch.randn(t, vocab, generator=g) * 2
-    draft_probs = torch.softmax(target + torch.randn(t, vocab, generator=g), -1)
-    return dict(
-        target_logits=target,
-        bonus_logits=torch.randn(batch, vocab, generator=g),
-        draft_token_ids=torch.multinomial(draft_probs, 1, generator=g).squeeze(-1).int() if t else torch.zeros(0, dtype=torch.int32),
-        draft_probs=draft_probs,
-        cu_num_draft_tokens=torch.tensor(num_draft_tokens).cumsum(0).int(),
-        temperature=torch.tensor([0.0 if b in greedy else 0.9 for b in range(batch)]),
-        top_k=torch.randint(0, vocab, (batch,), generator=g).int(),
-        top_p=torch.rand(batch, generator=g) * 0.5 + 0.5,
-        seeds=torch.randint(-(2**62), 2**62, (batch,), generator=g),
-        positions=torch.randint(0, 10_000, (batch,), generator=g),
-    )
-
-
-def _select(inputs, order):
-    """The requests ``order`` of a batch, as a batch of their own."""
-    counts = torch.diff(inputs["cu_num_draft_tokens"].long(), prepend=torch.zeros(1, dtype=torch.long))
-    starts = torch.cumsum(counts, 0) - counts
-    rows = torch.cat([torch.arange(int(starts[b]), int(starts[b] + counts[b])) for b in order]).long()
-    out = {k: v[order] for k, v in inputs.items() if k in ("bonus_logits", "temperature", "top_k", "top_p", "seeds", "positions")}
-    out.update(
-        target_logits=inputs["target_logits"][rows],
-        draft_token_ids=inputs["draft_token_ids"][rows],
-        draft_probs=inputs["draft_probs"][rows],
-        cu_num_draft_tokens=counts[order].cumsum(0).int(),
-    )
-    return out
-
-
 def test_seeded_requests_do_not_depend_on_their_batch():
-    inputs = _batch([3, 0, 4, 2, 1], 64, seed=3, greedy=(3,))
+    inputs = make_inputs([3, 0, 4, 2, 1], 64, seed=3, greedy_fraction=0.2)
     full = verify(**inputs, max_spec_len=4, return_logprobs=True)
     for order in ([2], [4, 2, 0], [1, 3, 2, 4, 0]):
-        part = verify(**_select(inputs, order), max_spec_len=4, return_logprobs=True)
+        part = verify(**select_requests(inputs, order), max_spec_len=4, return_logprobs=True)
         for got, expected in zip(part, full):
             torch.testing.assert_close(got, expected[order], rtol=0, atol=0)
 
 
 def test_greedy_rows_take_the_argmax():
-    inputs = _batch([3, 2], 40, seed=4, greedy=(0, 1))
+    inputs = make_inputs([3, 2], 40, seed=4, greedy_fraction=1.0)
     out, accepted, _ = verify(**inputs, max_spec_len=3)
     argmax = inputs["target_logits"].argmax(-1)
     inputs["draft_token_ids"][:] = argmax.int()  # every draft matches: bonus argmax follows

@@ -184,6 +184,16 @@ def _row_max(row_ptr, vocab):
 
 
 @triton.jit
+def _keep_first_max(values, v, best, best_index):
+    """Running argmax over blocks: the block's maximum replaces ``best`` only when strictly
+    greater, and within a block ties go to the lowest index, so the first maximum wins."""
+    block_best = tl.max(values, axis=0)
+    block_index = tl.min(tl.where(values == block_best, v, 2147483647), axis=0)
+    better = block_best > best
+    return tl.where(better, block_best, best), tl.where(better, block_index, best_index)
+
+
+@triton.jit
 def _argmax(row_ptr, vocab):
     best = float("-inf")
     best_index = 0
@@ -191,11 +201,7 @@ def _argmax(row_ptr, vocab):
     while off < vocab:
         v = off + tl.arange(0, BLOCK_V)
         z = tl.where(v < vocab, _logits(row_ptr, v, vocab), float("-inf"))
-        block_best = tl.max(z, axis=0)
-        block_index = tl.min(tl.where(z == block_best, v, 2147483647), axis=0)
-        better = block_best > best
-        best_index = tl.where(better, block_index, best_index)
-        best = tl.where(better, block_best, best)
+        best, best_index = _keep_first_max(z, v, best, best_index)
         off += BLOCK_V
     return best_index
 
@@ -221,11 +227,7 @@ def _race(row_ptr, q_row_ptr, vocab, max_logit, temperature, kth, z1, p_min, z2,
         word = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
         score = tl.where(r > 0.0, tl.math.div_rn(r, _repro_exponential(word)), -1.0)
         score = tl.where(v < vocab, score, float("-inf"))
-        block_best = tl.max(score, axis=0)
-        block_index = tl.min(tl.where(score == block_best, v, 2147483647), axis=0)
-        better = block_best > best
-        best_index = tl.where(better, block_index, best_index)
-        best = tl.where(better, block_best, best)
+        best, best_index = _keep_first_max(score, v, best, best_index)
         off += BLOCK_V
     return best_index
 

@@ -1,0 +1,49 @@
+"""Inputs of the fused verify op from fresh random data, shared by its tests."""
+
+from __future__ import annotations
+
+import torch
+
+
+def make_inputs(num_draft_tokens, vocab, seed, *, greedy_fraction=0.3, ngram=False, dtype=torch.float32,
+                id_dtype=torch.int32, with_top=True):
+    g = torch.Generator().manual_seed(seed)
+    batch, num_tokens = len(num_draft_tokens), sum(num_draft_tokens)
+    target = torch.randn(num_tokens, vocab, generator=g) * 2
+    draft_probs = torch.softmax(target + torch.randn(num_tokens, vocab, generator=g), -1)
+    drafts = (torch.multinomial(draft_probs, 1, generator=g).squeeze(-1) if num_tokens
+              else torch.zeros(0, dtype=torch.int64))
+    temperature = torch.rand(batch, generator=g) + 0.3
+    temperature[torch.rand(batch, generator=g) < greedy_fraction] = 0.0
+    return dict(
+        target_logits=target.to(dtype),
+        bonus_logits=torch.randn(batch, vocab, generator=g).to(dtype),
+        draft_token_ids=drafts.to(id_dtype),
+        draft_probs=None if ngram else draft_probs,
+        cu_num_draft_tokens=torch.tensor(num_draft_tokens, dtype=torch.int64).cumsum(0).to(torch.int32),
+        temperature=temperature,
+        top_k=torch.randint(0, vocab + 2, (batch,), generator=g).to(torch.int32) if with_top else None,
+        top_p=(torch.rand(batch, generator=g) * 0.6 + 0.5) if with_top else None,
+        seeds=torch.randint(-(2**62), 2**62, (batch,), generator=g),
+        positions=torch.randint(0, 2**40, (batch,), generator=g),
+    )
+
+
+def select_requests(inputs, order):
+    """The requests ``order`` of a batch, as a batch of their own."""
+    counts = torch.diff(inputs["cu_num_draft_tokens"].long(), prepend=torch.zeros(1, dtype=torch.long))
+    starts = torch.cumsum(counts, 0) - counts
+    rows = torch.cat([torch.arange(int(starts[b]), int(starts[b] + counts[b])) for b in order]).long()
+    per_request = ("bonus_logits", "temperature", "top_k", "top_p", "seeds", "positions")
+    per_row = ("target_logits", "draft_token_ids", "draft_probs")
+    out = {}
+    for key, value in inputs.items():  # the same keys in the same order: callers pass them positionally
+        if value is None:
+            out[key] = None
+        elif key in per_request:
+            out[key] = value[order]
+        elif key in per_row:
+            out[key] = value[rows]
+        else:  # cu_num_draft_tokens
+            out[key] = counts[order].cumsum(0).int()
+    return out
