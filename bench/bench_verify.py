@@ -5,6 +5,7 @@ Rows, all from fp32 target logits (+ bonus logits), temperature 1 (greedy: 0):
   specops-<backend>  specops.verify (draws in-kernel from Philox), validate=False.
   torch-eager        softmax, then the decomposed pipeline written in torch (bench_sampling).
   flashinfer         flashinfer.sampling.softmax + chain_speculative_sampling ("full").
+  flashinfer-kern    chain_speculative_sampling alone, from ready probs ("kern").
 Floor (ANCHORS.md): every target and bonus logit row read once, plus one residual row
 pair per request (random: target and draft rows; n-gram: the target row; greedy: none):
 4 V (T + B + r B) bytes, r = 2 random, 1 n-gram, 0 greedy, over the copy bandwidth.
@@ -102,6 +103,8 @@ def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters) -> list[dic
     if flashinfer is not None and x.mode != "greedy":
         add("flashinfer", functools.partial(flashinfer_pipeline(flashinfer, from_logits=True), x),
             note="softmax + chain_speculative_sampling; own RNG, not checked")
+        add("flashinfer-kern", functools.partial(flashinfer_pipeline(flashinfer, from_logits=False), x),
+            note="chain_speculative_sampling from ready probs; own RNG, not checked")
     return rows
 
 
@@ -112,13 +115,16 @@ def main() -> None:
     parser.add_argument("--out", default=str(common.REPO_ROOT / "bench" / "results"))
     parser.add_argument("--no-flashinfer", action="store_true")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--backends", default=None, help="comma-separated specops backends (default: all here)")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
     env = common.env_stamp(device)
     print(env)
-    if device.type == "cuda":
-        backends = ["triton"]  # the CUDA kernel of verify is not written yet
+    if args.backends:
+        backends = args.backends.split(",")
+    elif device.type == "cuda":
+        backends = ["cuda", "triton"]
     else:
         backends = ["cpu"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" else [])
     flashinfer = None if args.no_flashinfer or device.type != "cuda" else import_flashinfer()
@@ -130,7 +136,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     print()
     anchor = {ANCHOR_LABEL: lambda row: FLASHINFER_FULL_ANCHOR_US.get((row["B"], row["k"], row["V"], row["mode"]))}
-    common.print_table(rows, ("B", "k", "V", "mode"), ("torch-eager", "flashinfer"), anchor)
+    common.print_table(rows, ("B", "k", "V", "mode"), ("torch-eager", "flashinfer", "flashinfer-kern"), anchor)
     path = common.write_results("verify", env, rows, args.out)
     print(f"wrote {path}")
     try:

@@ -28,6 +28,13 @@ def _should_validate(validate: bool, device: torch.device) -> bool:
 
 # Ops whose CUDA kernel is not written yet: on CUDA tensors they default to Triton.
 NO_CUDA_KERNEL = (Backend.CUDA,)
+# The largest vocabulary csrc/verify_cuda.cu takes (16 CTAs x a 96 KB shared-memory slice).
+CUDA_VERIFY_MAX_VOCAB = 16 * 96 * 1024 // 4
+
+
+@torch.compiler.assume_constant_result
+def _cuda_major(index: int | None) -> int:
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def _op(name: str, backend: Backend):
@@ -253,12 +260,15 @@ def verify(
     ``(output_token_ids [B, max_spec_len + 1] int32 padded with -1, num_accepted [B]
     int32, logprobs [B, max_spec_len + 1] float32, or [0, 0] when not asked)``.
 
-    Backends: the C++ CPU kernel, the Triton kernel and the reference. The CUDA kernel is
-    not written yet: on CUDA tensors the default is the Triton kernel (an untuned first
-    version), and ``backend="cuda"`` raises.
+    Backends: the CUDA kernel (sm_90 or newer: it splits each row over a thread-block
+    cluster; vocabularies up to 393216), the Triton kernel, the C++ CPU kernel and the
+    reference. On CUDA tensors the default is the CUDA kernel, and the Triton kernel for a
+    larger vocabulary or an older GPU.
     """
     device = target_logits.device
-    chosen = resolve(backend, device, op="verify", missing=NO_CUDA_KERNEL)
+    cuda_cannot = device.type == "cuda" and (
+        target_logits.shape[-1] > CUDA_VERIFY_MAX_VOCAB or _cuda_major(device.index) < 9)
+    chosen = resolve(backend, device, op="verify", missing=(Backend.CUDA,) if cuda_cannot and backend is None else ())
     if _should_validate(validate, device):
         _checks.validate_cu_num_draft_tokens(cu_num_draft_tokens, draft_token_ids.shape[0], max_spec_len)
         _checks.validate_token_ids(draft_token_ids, "draft_token_ids", target_logits.shape[-1])

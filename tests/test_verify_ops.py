@@ -1,7 +1,8 @@
 """The fused verify op's kernels against its reference: exact equality (tokens, accepted
 counts, log-probabilities) under hypothesis, logits dtypes, n-gram and greedy mixes; opcheck
-and torch.compile; named errors. Kernels: C++ CPU and Triton (the CUDA kernel is not
-written yet); on a GPU the same tests run the Triton kernel on CUDA tensors."""
+and torch.compile; named errors. Kernels: C++ CPU and Triton here; on a GPU the same tests
+run the CUDA and Triton kernels on CUDA tensors, plus full-size shapes, every cluster size
+of the CUDA kernel, CUDA-graph replay and the step's laws on a million copies."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import backend_params
+from distribution_harness import assert_follows
 from verify_inputs import make_inputs, select_requests
 
 import specops
 from specops.backend import Backend
+from specops.reference.verify import processed_probs
 from specops.reference.verify import verify as reference_verify
 
-# Every verify kernel present here (its CUDA kernel is not written yet).
-KERNEL_BACKENDS = [p for p in backend_params() if p.values[1] is not Backend.CUDA]
+# Every verify kernel present here.
+KERNEL_BACKENDS = backend_params()
 
 
 def on(inputs, device):
@@ -172,3 +175,80 @@ def test_gpu_cuda_graph_replays_draw_fresh_numbers(device, backend):
             assert torch.equal(s, e)
         seen.add(tuple(static[0].flatten().tolist()))
     assert len(seen) > 1, "replays at new positions must draw new numbers"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device,backend", GPU_BACKENDS)
+@pytest.mark.parametrize(
+    "vocab,counts,dtype",
+    [
+        (12, [3, 0, 5, 1], torch.float32),  # CUDA kernel: clusters of 1 CTA
+        (5000, [2, 4], torch.float16),  # 2
+        (9000, [1, 3, 0], torch.bfloat16),  # 4
+        (20000, [4, 4, 2], torch.float32),  # 8
+        (70001, [4], torch.float32),  # 16 (one request fills too few SMs); odd row length
+        (200000, [2, 1], torch.bfloat16),  # 16 (a slice of 8 would not fit in shared memory)
+    ],
+)
+def test_gpu_every_cluster_size_matches_reference(device, backend, vocab, counts, dtype):
+    for ngram in (False, True):
+        inputs = make_inputs(counts, vocab, seed=vocab, ngram=ngram, dtype=dtype, greedy_fraction=0.25)
+        assert_matches_reference(inputs, max(counts) + 1, device, backend)
+
+
+@pytest.mark.gpu
+def test_gpu_vocab_past_the_cuda_kernel_runs_triton_by_default():
+    vocab = specops.ops.CUDA_VERIFY_MAX_VOCAB + 8
+    inputs = make_inputs([1, 0], vocab, seed=4, with_top=False)
+    with pytest.raises(ValueError, match="vocab"):
+        specops.verify(*on(inputs, "cuda").values(), 1, backend="cuda")
+    assert_matches_reference(inputs, 1, "cuda", None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device,backend", GPU_BACKENDS)
+@pytest.mark.parametrize("ngram", [False, True])
+def test_gpu_step_laws_on_a_million_copies(device, backend, ngram):
+    """One request copied 2^20 times (seeds 0..N-1) with temperature, top-k and top-p: the
+    first token follows the processed p_1, the number accepted its exact law, and the
+    token at a first-position rejection the normalised residual (n-gram: p_1 without the
+    draft)."""
+    vocab, k, copies = 40, 3, 1 << 20
+    g = torch.Generator().manual_seed(17)
+    target = torch.randn(k, vocab, generator=g) * 1.5
+    q = torch.softmax(torch.randn(k, vocab, generator=g), -1)
+    temperature, top_k, top_p = 0.8, 30, 0.9
+    p = torch.stack([processed_probs(row, temperature, top_k, top_p) for row in target]).double()
+    drafts = torch.multinomial(q, copies, replacement=True, generator=g).t().int()  # [copies, k]
+    batch = dict(
+        target_logits=target.repeat(copies, 1),
+        bonus_logits=torch.randn(1, vocab, generator=g).repeat(copies, 1),
+        draft_token_ids=drafts.reshape(-1),
+        draft_probs=None if ngram else q.repeat(copies, 1),
+        cu_num_draft_tokens=torch.arange(1, copies + 1, dtype=torch.int32) * k,
+        temperature=torch.full((copies,), temperature),
+        top_k=torch.full((copies,), top_k, dtype=torch.int32),
+        top_p=torch.full((copies,), top_p),
+        seeds=torch.arange(copies, dtype=torch.int64),
+        positions=torch.full((copies,), 5, dtype=torch.int64),
+    )
+    out, accepted, _ = specops.verify(*on(batch, device).values(), k, backend=backend)
+    out, accepted, drafts = out.cpu(), accepted.cpu(), drafts.long()
+    assert_follows(out[:, 0], p[0], "first token")
+    rejected_first = accepted == 0
+    if ngram:
+        accept_first = p[0][drafts[:, 0]]  # P(accept | x) = p(x) with q one-hot on x
+        assert abs(float(rejected_first.double().mean()) - float(1 - accept_first.mean())) < 5e-3
+        for x in range(vocab):
+            rows = rejected_first & (drafts[:, 0] == x)
+            if int(rows.sum()) > 2000:
+                residual = p[0].clone()
+                residual[x] = 0
+                assert_follows(out[rows, 0], residual / residual.sum(), f"token after rejecting {x}")
+    else:
+        alpha = torch.minimum(p[:k], q.double()).sum(-1)
+        law = torch.tensor([1 - alpha[0], alpha[0] * (1 - alpha[1]), alpha[0] * alpha[1] * (1 - alpha[2]),
+                            alpha[0] * alpha[1] * alpha[2]])
+        assert_follows(accepted, law, "number accepted")
+        residual = torch.clamp(p[0] - q[0].double(), min=0)
+        assert_follows(out[rejected_first, 0], residual / residual.sum(), "token at a first-position rejection")

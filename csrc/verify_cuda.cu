@@ -1,0 +1,544 @@
+// CUDA kernel of the fused verify op: from target logits to emitted tokens, bit for bit
+// reference/verify.py (the same float32 steps in the same order, exact fixed-point
+// normalisers, repro_math.h's exp/log, Philox draws).
+//
+// Two launches, both in thread-block clusters of C CTAs that split one vocabulary row
+// (C = 1..16, chosen from V and the number of rows so that small batches fill the GPU):
+//
+// 1. Row statistics. Grid: B x (max_spec_len + 1) clusters, one per output slot (b, i):
+//    draft row i of request b, or its bonus row at i = num_drafts (slots past that exit).
+//    Each CTA copies its slice of the row into shared memory (sanitised to float32) while
+//    taking the max and argmax; the cluster combines them through distributed shared
+//    memory; then, from shared memory alone: the top-k threshold (a 32-step bisection
+//    over the float order, only when asked), the weights and their fixed-point sum, the
+//    top-p cut (a 31-step bisection over the probabilities' bits, only when asked) and the
+//    final normaliser, and p of the slot's draft token. Every row is read from DRAM once.
+// 2. Decision and race. Grid: B clusters. Each CTA walks its request's acceptance tests
+//    (Philox uniforms against the stored p of the drafts), so every CTA knows the first
+//    rejected row (or the bonus row); random requests then race on that one row only, the
+//    vocabulary split over the cluster, recomputing p from the stored statistics; rank 0
+//    writes the request's output row. Moves one residual row pair per random request.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <torch/library.h>
+
+#include <cfloat>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "check_messages.h"
+#include "philox.h"
+#include "repro_math.h"
+#include "token_ids.h"
+#include "verify.h"
+
+namespace specops {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxCluster = 16;
+constexpr int64_t kMaxSliceBytes = 96 * 1024;  // shared-memory slice of a row per CTA
+constexpr float kFixedScale = 1099511627776.0f;  // 2^40: normaliser sums
+constexpr float kMassScale = 4294967296.0f;      // 2^32: top-p masses
+constexpr float kTopPScale = 16777216.0f;        // 2^24: top_p
+
+// What pass 1 leaves for pass 2, per output slot (b, i).
+struct RowStats {
+  float max_logit;     // max sanitised logit; -inf: no finite logit (all mass on token 0)
+  int32_t argmax;      // lowest index of the max
+  float kth;           // top-k threshold (keep z >= kth); -inf: off
+  float z1;            // fixed-point normaliser after top-k
+  uint32_t top_p_cut;  // keep v when bits(w_v / z1) >= cut; 0: off
+  float z2;            // final normaliser (z1 without top-p)
+  float p_token;       // p of the draft token (random), of the argmax at T = 1 (greedy)
+  int32_t unused;
+};
+
+// One reduction value: a float pair and an integer, enough for every reduction here.
+struct Slot {
+  float f;    // max: value; race: score
+  float g;    // race: p of the candidate
+  int64_t i;  // max / race: index (ties to the lowest); sums and counts
+};
+
+struct MaxCombine {
+  __device__ Slot operator()(const Slot& a, const Slot& b) const {
+    return (b.f > a.f || (b.f == a.f && b.i < a.i)) ? b : a;
+  }
+};
+
+struct SumCombine {
+  __device__ Slot operator()(const Slot& a, const Slot& b) const { return Slot{0.f, 0.f, a.i + b.i}; }
+};
+
+struct SlotParams {
+  float temperature;  // 1 for greedy rows (their log-probabilities are at T = 1)
+  int64_t top_k;      // applied when 0 < top_k < V
+  float top_p;        // applied when < 1
+  bool greedy;
+};
+
+__device__ SlotParams slot_params(int64_t b, const float* temperature, const int32_t* top_k, const float* top_p) {
+  const float t = temperature[b];
+  if (t == 0.f) return SlotParams{1.f, 0, 1.f, true};
+  return SlotParams{t, top_k != nullptr ? top_k[b] : 0, top_p != nullptr ? top_p[b] : 1.f, false};
+}
+
+__device__ __forceinline__ float sanitise(float x) { return isfinite(x) ? x : -INFINITY; }
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Logits [v, v + 4) of a row (v % 4 == 0), sanitised; entries at or past `end` are -inf.
+// `vec`: the row is aligned for one 16-byte (float) or 8-byte (16-bit) load per group.
+template <typename scalar_t>
+__device__ __forceinline__ void load4(const scalar_t* row, int64_t v, int64_t end, bool vec, float out[4]) {
+  if (vec && v + 4 <= end) {
+    if constexpr (sizeof(scalar_t) == 4) {
+      const float4 x = *reinterpret_cast<const float4*>(row + v);
+      out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
+    } else {
+      const uint2 x = *reinterpret_cast<const uint2*>(row + v);
+      const scalar_t* h = reinterpret_cast<const scalar_t*>(&x);
+      for (int j = 0; j < 4; ++j) out[j] = to_float(h[j]);
+    }
+    for (int j = 0; j < 4; ++j) out[j] = sanitise(out[j]);
+    return;
+  }
+  for (int j = 0; j < 4; ++j) out[j] = v + j < end ? sanitise(to_float(row[v + j])) : -INFINITY;
+}
+
+// Monotone map of floats to unsigned keys (-0 just below +0).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float key_to_float(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
+}
+
+__device__ __forceinline__ int64_t fixed_point(float x, float scale) {
+  return static_cast<int64_t>(floorf(repro::mul(x, scale)));
+}
+
+template <typename Combine>
+__device__ Slot warp_reduce(Slot s, Combine combine) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    Slot other;
+    other.f = __shfl_down_sync(0xFFFFFFFFu, s.f, offset);
+    other.g = __shfl_down_sync(0xFFFFFFFFu, s.g, offset);
+    other.i = __shfl_down_sync(0xFFFFFFFFu, s.i, offset);
+    s = combine(s, other);
+  }
+  return s;
+}
+
+// The CTAs of a cluster combine one value each into a result every thread receives.
+// Shared state: two exchange slots used alternately (a CTA rewrites a slot only after the
+// next cluster barrier, by which time every peer has read it) and one broadcast cell.
+struct ClusterReducer {
+  Slot* warp_slots;  // [kWarps]
+  Slot* exchange;    // [2]
+  Slot* result;      // [1]
+  int parity;
+
+  template <typename Combine>
+  __device__ Slot reduce(cg::cluster_group& cluster, Slot value, Combine combine) {
+    value = warp_reduce(value, combine);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) warp_slots[warp] = value;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      Slot acc = warp_slots[0];
+      for (int w = 1; w < kWarps; ++w) acc = combine(acc, warp_slots[w]);
+      exchange[parity] = acc;
+    }
+    cluster.sync();
+    if (threadIdx.x == 0) {
+      Slot acc = *cluster.map_shared_rank(&exchange[parity], 0);
+      for (unsigned r = 1; r < cluster.num_blocks(); ++r) {
+        acc = combine(acc, *cluster.map_shared_rank(&exchange[parity], r));
+      }
+      *result = acc;
+    }
+    parity ^= 1;
+    __syncthreads();
+    return *result;
+  }
+
+  __device__ int64_t sum(cg::cluster_group& cluster, int64_t value) {
+    return reduce(cluster, Slot{0.f, 0.f, value}, SumCombine{}).i;
+  }
+};
+
+// The weight of a kept logit: exp((z - max) / T), the reference's two rounded steps.
+__device__ __forceinline__ float weight(float z, float max_logit, float temperature) {
+  return repro::exp(repro::div(repro::sub(z, max_logit), temperature));
+}
+
+// p_v under the processed distribution, from a row's statistics (pass 2's recomputation
+// of what pass 1 computed from shared memory; the same operations).
+__device__ __forceinline__ float processed_p(float z, int64_t v, const RowStats& st, float temperature) {
+  if (st.max_logit == -INFINITY) return v == 0 ? 1.f : 0.f;
+  float w = z >= st.kth ? weight(z, st.max_logit, temperature) : 0.f;
+  if (st.top_p_cut != 0 && __float_as_uint(repro::div(w, st.z1)) < st.top_p_cut) w = 0.f;
+  return repro::div(w, st.z2);
+}
+
+__device__ __forceinline__ float log_prob(float p) { return repro::log(fmaxf(p, FLT_MIN)); }
+
+// ---------------------------------------------------------------------------------------
+// Pass 1: row statistics. Grid: (B x width) clusters of C CTAs x kThreads; dynamic shared
+// memory: one row slice of `slice` floats. Reads each target and bonus row once.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
+    const scalar_t* __restrict__ target,      // [T, V]
+    const scalar_t* __restrict__ bonus,       // [B, V]
+    TokenIds draft,                           // [T]
+    const int32_t* __restrict__ cu,           // [B]
+    const float* __restrict__ temperature,    // [B]
+    const int32_t* __restrict__ top_k,        // [B] or null
+    const float* __restrict__ top_p,          // [B] or null
+    RowStats* __restrict__ stats,             // [B, width]
+    int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice, bool greedy_needs_probs) {
+  extern __shared__ float row_slice[];  // [slice]: logits, then weights
+  __shared__ Slot warp_slots[kWarps], exchange[2], result;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int64_t rank = cluster.block_rank();
+  const int64_t slot = blockIdx.x / cluster.num_blocks();
+  const int64_t b = slot / width, i = slot % width;
+  const DraftRange r = draft_range(cu, b, num_tokens, width - 1);
+  if (i > r.count) return;  // the whole cluster leaves together
+  ClusterReducer reducer{warp_slots, exchange, &result, 0};
+  const SlotParams sp = slot_params(b, temperature, top_k, top_p);
+  const scalar_t* row = i < r.count ? target + (r.start + i) * vocab : bonus + b * vocab;
+  const int64_t lo = min(rank * slice, vocab), hi = min(lo + slice, vocab), n = hi - lo;
+  const bool vec = reinterpret_cast<uintptr_t>(row) % (4 * sizeof(scalar_t)) == 0;
+
+  Slot best{-INFINITY, 0.f, INT64_MAX};
+  for (int64_t v = lo + 4 * threadIdx.x; v < hi; v += 4 * kThreads) {
+    float x[4];
+    load4(row, v, hi, vec, x);
+    for (int j = 0; j < 4 && v + j < hi; ++j) {
+      row_slice[v - lo + j] = x[j];
+      if (x[j] > best.f) best = Slot{x[j], 0.f, v + j};
+    }
+  }
+  const Slot top = reducer.reduce(cluster, best, MaxCombine{});
+  const float max_logit = top.f;
+  const int64_t argmax = max_logit == -INFINITY ? 0 : top.i;  // all -inf: token 0, like argmax
+  const bool drafted = i < r.count;
+  const int64_t token = sp.greedy ? argmax : (drafted ? draft[r.start + i] : -1);
+  RowStats* out = stats + slot;
+  if ((sp.greedy && !greedy_needs_probs) || max_logit == -INFINITY) {
+    if (rank == 0 && threadIdx.x == 0) {
+      *out = RowStats{max_logit, static_cast<int32_t>(argmax), -INFINITY, 1.f, 0, 1.f,
+                      token == 0 ? 1.f : 0.f, 0};  // no finite logit: all mass on token 0
+    }
+    cluster.sync();  // peers may still read this CTA's exchange slots
+    return;
+  }
+
+  float kth = -INFINITY;  // keep z >= the top_k-th largest logit, ties included
+  if (sp.top_k > 0 && sp.top_k < vocab) {
+    uint32_t key = 0;  // the largest key with count(order_key(z) >= key) >= top_k
+    for (int bit = 31; bit >= 0; --bit) {
+      const uint32_t candidate = key | (1u << bit);
+      int64_t count = 0;
+      for (int64_t j = threadIdx.x; j < n; j += kThreads) count += order_key(row_slice[j]) >= candidate;
+      if (reducer.sum(cluster, count) >= sp.top_k) key = candidate;
+    }
+    kth = key_to_float(key);
+  }
+  int64_t fixed = 0;
+  for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+    const float w = row_slice[j] >= kth ? weight(row_slice[j], max_logit, sp.temperature) : 0.f;
+    row_slice[j] = w;
+    fixed += fixed_point(w, kFixedScale);
+  }
+  const float z1 = repro::mul(__ll2float_rn(reducer.sum(cluster, fixed)), 1.0f / kFixedScale);
+  float z2 = z1;
+  uint32_t cut = 0;
+  if (sp.top_p < 1.f) {
+    // Keep v when the mass strictly above p_v is below top_p: the kept set is {p >= cut},
+    // cut the smallest float (as bits) whose strictly-greater mass passes the test.
+    int64_t mass = 0;
+    for (int64_t j = threadIdx.x; j < n; j += kThreads) mass += fixed_point(repro::div(row_slice[j], z1), kMassScale);
+    const int64_t total = reducer.sum(cluster, mass);
+    const int64_t threshold = max(int64_t{1}, static_cast<int64_t>(floorf(repro::mul(sp.top_p, kTopPScale))));
+    auto passes = [&](uint32_t t) {
+      int64_t above = 0;
+      for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+        const float p = repro::div(row_slice[j], z1);
+        if (__float_as_uint(p) > t) above += fixed_point(p, kMassScale);
+      }
+      return reducer.sum(cluster, above) * (int64_t{1} << 24) < threshold * total;
+    };
+    if (!passes(0)) {
+      uint32_t failing = 0;  // the largest bits that fail
+      for (int bit = 30; bit >= 0; --bit) {
+        const uint32_t candidate = failing | (1u << bit);
+        if (!passes(candidate)) failing = candidate;
+      }
+      cut = failing + 1;
+    }
+    if (cut != 0) {
+      fixed = 0;
+      for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+        if (__float_as_uint(repro::div(row_slice[j], z1)) < cut) row_slice[j] = 0.f;
+        fixed += fixed_point(row_slice[j], kFixedScale);
+      }
+      z2 = repro::mul(__ll2float_rn(reducer.sum(cluster, fixed)), 1.0f / kFixedScale);
+    }
+  }
+  if (rank == 0 && threadIdx.x == 0) {
+    out->max_logit = max_logit;
+    out->argmax = static_cast<int32_t>(argmax);
+    out->kth = kth;
+    out->z1 = z1;
+    out->top_p_cut = cut;
+    out->z2 = z2;
+  }
+  // The CTA whose slice holds the token stores its probability (row_slice holds the final
+  // weights; a draft id outside the vocab is never read and rejects in pass 2).
+  if (threadIdx.x == 0 && token >= lo && token < hi) out->p_token = repro::div(row_slice[token - lo], z2);
+  cluster.sync();
+}
+
+// ---------------------------------------------------------------------------------------
+// Pass 2: decisions and the race. Grid: B clusters of C CTAs x kThreads. Moves a few
+// bytes per draft, plus one logits row (and its draft-probs row) per random request.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads) verify_decide_kernel(
+    const scalar_t* __restrict__ target,      // [T, V]
+    const scalar_t* __restrict__ bonus,       // [B, V]
+    TokenIds draft,                           // [T]
+    const float* __restrict__ draft_probs,    // [T, V] or null (n-gram)
+    const int32_t* __restrict__ cu,           // [B]
+    const float* __restrict__ temperature,    // [B]
+    const int64_t* __restrict__ seeds,        // [B]
+    const int64_t* __restrict__ positions,    // [B]
+    const RowStats* __restrict__ stats,       // [B, width]
+    int32_t* __restrict__ out,                // [B, width]
+    int32_t* __restrict__ num_accepted,       // [B]
+    float* __restrict__ logprobs,             // [B, width] or null
+    int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice) {
+  __shared__ Slot warp_slots[kWarps], exchange[2], result;
+  __shared__ int64_t chosen_shared;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int64_t rank = cluster.block_rank();
+  const int64_t b = blockIdx.x / cluster.num_blocks();
+  const DraftRange r = draft_range(cu, b, num_tokens, width - 1);
+  const float t = temperature[b];
+  const bool greedy = t == 0.f;
+  const RowStats* row_stats = stats + b * width;
+  const int64_t seed = seeds[b], position = positions[b];
+
+  // Every CTA walks the acceptance tests (a few loads per draft) to find the row to race.
+  if (threadIdx.x == 0) {
+    int64_t i = 0;
+    for (; i < r.count; ++i) {
+      const int64_t x = draft[r.start + i];
+      if (greedy) {
+        if (x != row_stats[i].argmax) break;
+        continue;
+      }
+      if (x < 0 || x >= vocab) break;
+      const float q = draft_probs != nullptr ? draft_probs[(r.start + i) * vocab + x] : 1.f;
+      const float u = uniform_from_word(philox_block(seed, position + i, kPurposeAccept, 0).w[0]);
+      if (!accepts(u, q, row_stats[i].p_token)) break;
+    }
+    chosen_shared = i;
+  }
+  __syncthreads();
+  const int64_t chosen = chosen_shared;  // first rejected row, or r.count for the bonus row
+  auto write_row = [&](int64_t last_token, float last_p) {
+    int32_t* row_out = out + b * width;
+    for (int64_t i = 0; i < width; ++i) {
+      int32_t token = -1;
+      float lp = 0.f;
+      if (i < chosen) {
+        token = static_cast<int32_t>(greedy ? row_stats[i].argmax : draft[r.start + i]);
+        lp = log_prob(row_stats[i].p_token);
+      } else if (i == chosen) {
+        token = static_cast<int32_t>(last_token);
+        lp = log_prob(last_p);
+      }
+      row_out[i] = token;
+      if (logprobs != nullptr) logprobs[b * width + i] = lp;
+    }
+    num_accepted[b] = static_cast<int32_t>(chosen);
+  };
+  if (greedy) {
+    if (rank == 0 && threadIdx.x == 0) write_row(row_stats[chosen].argmax, row_stats[chosen].p_token);
+    return;
+  }
+
+  // The race on the chosen row: argmax_v r_v / E_v, r the residual at a rejection (p - q,
+  // or p without the draft for n-gram) and p itself on the bonus row.
+  const RowStats st = row_stats[chosen];
+  const bool rejected = chosen < r.count;
+  const scalar_t* row = rejected ? target + (r.start + chosen) * vocab : bonus + b * vocab;
+  const float* q = rejected && draft_probs != nullptr ? draft_probs + (r.start + chosen) * vocab : nullptr;
+  const int64_t rejected_token = rejected ? draft[r.start + chosen] : -1;
+  const int64_t race_position = position + chosen;
+  const int64_t lo = min(rank * slice, vocab), hi = min(lo + slice, vocab);
+  const bool vec = reinterpret_cast<uintptr_t>(row) % (4 * sizeof(scalar_t)) == 0;
+  Slot best{-INFINITY, 0.f, INT64_MAX};
+  for (int64_t v = lo + 4 * threadIdx.x; v < hi; v += 4 * kThreads) {
+    float z[4];
+    load4(row, v, hi, vec, z);
+    const PhiloxWords words = philox_block(seed, race_position, kPurposeSample, static_cast<uint32_t>(v / 4));
+    for (int j = 0; j < 4 && v + j < hi; ++j) {
+      const float p = processed_p(z[j], v + j, st, t);
+      float residual = p;
+      if (q != nullptr) {
+        residual = repro::sub(p, q[v + j]);
+      } else if (rejected && v + j == rejected_token) {
+        residual = 0.f;
+      }
+      const float score = race_score(residual, repro::exponential(words.w[j]));
+      if (score > best.f) best = Slot{score, p, v + j};
+    }
+  }
+  ClusterReducer reducer{warp_slots, exchange, &result, 0};
+  const Slot winner = reducer.reduce(cluster, best, MaxCombine{});
+  if (rank == 0 && threadIdx.x == 0) write_row(winner.i, winner.g);
+  cluster.sync();  // peers may still read this CTA's exchange slots
+}
+
+// ---------------------------------------------------------------------------------------
+// Launcher.
+
+// Rows per cluster CTA: slices of at most 4096 logits while that takes at most 8 CTAs
+// (portable clusters), 16 CTAs when the batch is too small to fill the GPU or the slice
+// would not fit in shared memory.
+int cluster_size(int64_t vocab, int64_t slots, int num_sms) {
+  int c = 1;
+  while (c < 8 && (vocab + c - 1) / c > 4096) c *= 2;
+  const bool too_big = (vocab + c - 1) / c * int64_t{4} > kMaxSliceBytes;
+  const bool too_few = slots * c < num_sms && vocab / 16 >= 4096;
+  return (c == 8 && (too_big || too_few)) ? 16 : c;
+}
+
+int64_t slice_for(int64_t vocab, int c) {
+  const int64_t slice = (vocab + c - 1) / c;
+  return (slice + 7) / 8 * 8;  // 8-aligned starts keep every group of 4 in one slice
+}
+
+template <typename Kernel>
+void allow_large_clusters(Kernel kernel) {
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kMaxSliceBytes)));
+}
+
+template <typename Kernel, typename... Args>
+void launch_clusters(Kernel kernel, int64_t clusters, int cluster, size_t smem, cudaStream_t stream,
+                     Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+template <typename scalar_t>
+void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logits, TokenIds draft,
+                   const float* draft_probs, const int32_t* cu, const float* temperature, const int32_t* top_k,
+                   const float* top_p, const int64_t* seeds, const int64_t* positions, RowStats* stats,
+                   int32_t* out, int32_t* num_accepted, float* logprobs, const VerifySizes& s, int cluster) {
+  static std::mutex mutex;
+  static uint64_t configured = 0;  // a bit per device: function attributes are per device
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const uint64_t bit = uint64_t{1} << (target_logits.get_device() % 64);
+    if (!(configured & bit)) {
+      allow_large_clusters(verify_row_stats_kernel<scalar_t>);
+      allow_large_clusters(verify_decide_kernel<scalar_t>);
+      configured |= bit;
+    }
+  }
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t slice = slice_for(s.vocab, cluster);
+  const auto* target = static_cast<const scalar_t*>(target_logits.data_ptr());
+  const auto* bonus = static_cast<const scalar_t*>(bonus_logits.data_ptr());
+  launch_clusters(verify_row_stats_kernel<scalar_t>, s.batch * s.width, cluster, slice * sizeof(float), stream,
+                  target, bonus, draft, cu, temperature, top_k, top_p, stats, s.num_tokens, s.vocab, s.width,
+                  slice, logprobs != nullptr);
+  launch_clusters(verify_decide_kernel<scalar_t>, s.batch, cluster, 0, stream, target, bonus, draft,
+                  draft_probs, cu, temperature, seeds, positions, static_cast<const RowStats*>(stats), out,
+                  num_accepted, logprobs, s.num_tokens, s.vocab, s.width, slice);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
+    const at::Tensor& target_logits, const at::Tensor& bonus_logits, const at::Tensor& draft_token_ids,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& cu_num_draft_tokens,
+    const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& top_p, const at::Tensor& seeds, const at::Tensor& positions,
+    int64_t max_spec_len, bool return_logprobs) {
+  const VerifySizes s = check_verify(target_logits, bonus_logits, draft_token_ids, draft_probs,
+                                     cu_num_draft_tokens, temperature, top_k, top_p, seeds, positions,
+                                     max_spec_len);
+  const c10::cuda::CUDAGuard guard(target_logits.device());
+  int major = 0, num_sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, target_logits.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, target_logits.get_device()));
+  TORCH_CHECK(major >= 9, "the CUDA verify kernel needs thread-block clusters (sm_90 or newer), this GPU is sm_",
+              num(major), "x: use backend='triton'");
+  const int cluster = cluster_size(s.vocab, s.batch * s.width, num_sms);
+  TORCH_CHECK_VALUE(slice_for(s.vocab, cluster) * int64_t{4} <= kMaxSliceBytes,
+                    "target_logits vocab must be at most ", num(kMaxSliceBytes / 4 * kMaxCluster),
+                    " for the CUDA verify kernel, got ", num(s.vocab), ": use backend='triton'");
+  TORCH_CHECK_VALUE(s.batch * s.width * kMaxCluster <= INT32_MAX, "batch * (max_spec_len + 1) is too large, got ",
+                    num(s.batch * s.width));
+  at::Tensor out = at::empty({s.batch, s.width}, cu_num_draft_tokens.options());
+  at::Tensor num_accepted = at::empty({s.batch}, cu_num_draft_tokens.options());
+  at::Tensor logprobs = return_logprobs ? at::empty({s.batch, s.width}, temperature.options())
+                                        : at::zeros({0, 0}, temperature.options());
+  if (s.batch == 0) return {out, num_accepted, logprobs};
+  at::Tensor stats = at::empty({s.batch * s.width * static_cast<int64_t>(sizeof(RowStats))},
+                               target_logits.options().dtype(at::kByte));
+  const TokenIds draft{draft_token_ids.data_ptr(), draft_token_ids.scalar_type() == at::kLong};
+  const auto launch = [&](auto tag) {  // the kernels read 16-bit storage as CUDA's own types
+    using scalar_t = decltype(tag);
+    launch_verify<scalar_t>(
+        target_logits, bonus_logits, draft, draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr,
+        cu_num_draft_tokens.data_ptr<int32_t>(), temperature.data_ptr<float>(),
+        top_k.has_value() ? top_k->data_ptr<int32_t>() : nullptr,
+        top_p.has_value() ? top_p->data_ptr<float>() : nullptr, seeds.data_ptr<int64_t>(),
+        positions.data_ptr<int64_t>(), reinterpret_cast<RowStats*>(stats.data_ptr()), out.data_ptr<int32_t>(),
+        num_accepted.data_ptr<int32_t>(), return_logprobs ? logprobs.data_ptr<float>() : nullptr, s, cluster);
+  };
+  switch (target_logits.scalar_type()) {  // check_verify admits these three
+    case at::kHalf: launch(__half{}); break;
+    case at::kBFloat16: launch(__nv_bfloat16{}); break;
+    default: launch(float{}); break;
+  }
+  return {out, num_accepted, logprobs};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specops, CUDA, m) { m.impl("verify", &verify_cuda); }
+
+}  // namespace specops
