@@ -47,7 +47,9 @@ def _extension():
 
 
 setup(
-    packages=["specops", "specops.engine", "specops.reference", "specops.triton_kernels"],
+    packages=["specops", "specops.assets", "specops.engine", "specops.reference", "specops.triton_kernels"],
+    # The embedded draft/target pair (weights, configs, tokenizer) ships with the package.
+    package_data={"specops.assets": ["pair/*.json", "pair/*.md", "pair/*/*.json", "pair/*/*.safetensors"]},
     package_dir={
         "specops": "specops",
         "specops.reference": "reference",
