@@ -1,0 +1,96 @@
+"""Load a Llama-architecture checkpoint from a local Hugging Face folder: ``config.json``,
+one or several ``*.safetensors`` files, and ``tokenizer.json`` when present."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specops.engine.config import LlamaConfig
+from specops.engine.model import LlamaForCausalLM
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: LlamaConfig
+    tokenizer: object | None  # tokenizers.Tokenizer, or None when the folder has no tokenizer.json
+    path: Path
+
+
+def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the folder's safetensors files (sharded checkpoints included)."""
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {folder}")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        for name, tensor in load_file(str(file)).items():
+            if name in state:
+                raise ValueError(f"tensor {name!r} appears in two files of {folder}")
+            state[name] = tensor
+    return state
+
+
+def load_tokenizer(folder: Path):
+    file = folder / "tokenizer.json"
+    if not file.exists():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(file))
+
+
+def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> LoadedModel:
+    """Build the model from ``path/config.json`` and fill it from ``path/*.safetensors``.
+
+    Every parameter must be in the files (``lm_head.weight`` may be absent when tied) and
+    no unknown tensor may be: a mismatch raises naming the tensors.
+    """
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} has no config.json (expected a Hugging Face model folder)")
+    config = LlamaConfig.from_file(folder / "config.json")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    state = load_state_dict(folder)
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {n for n, _ in model.named_parameters()}
+    missing, unexpected = expected - state.keys(), state.keys() - expected
+    # Rotary tables are recomputed, never loaded; older exports carry them.
+    unexpected = {n for n in unexpected if not n.endswith("rotary_emb.inv_freq")}
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {folder} does not match the Llama config: missing {sorted(missing)[:8]}, "
+                         f"unexpected {sorted(unexpected)[:8]}")
+    model = LlamaForCausalLM(config)
+    model.load_state_dict({n: state[n] for n in expected}, strict=False)
+    model = model.to(device=device, dtype=dtype).eval()
+    # The rotary tables stay float32 (cast per use), as Hugging Face computes them.
+    model.rope_cos = model.rope_cos.float()
+    model.rope_sin = model.rope_sin.float()
+    return LoadedModel(model, config, load_tokenizer(folder), folder)
+
+
+def random_model(config: LlamaConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> LlamaForCausalLM:
+    """A model with random weights (for benchmarks at a given size): normal(0, 0.02)
+    projections and embeddings, unit norms, as Llama is initialised."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    model = model.to(dtype=dtype).eval()
+    model.rope_cos = model.rope_cos.float()
+    model.rope_sin = model.rope_sin.float()
+    return model
