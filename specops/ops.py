@@ -279,6 +279,26 @@ def verify(
     )
 
 
+# What the CUDA paged_attention kernel covers (csrc/attention_cuda.cu raises on the rest);
+# on CUDA tensors the default backend runs the Triton kernel for anything else.
+CUDA_ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
+CUDA_ATTENTION_HEAD_DIMS = (64, 128, 256)
+CUDA_ATTENTION_MAX_GROUP = 16
+
+
+def cuda_paged_attention_covers(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
+    """Whether the CUDA paged_attention kernel takes this dtype, head dim and GQA group.
+    Malformed shapes count as covered, so that the kernel's own checks name them."""
+    if query.dim() != 3 or key_cache.dim() != 4 or key_cache.shape[2] == 0:
+        return True
+    num_heads, head_dim, num_kv_heads = query.shape[1], query.shape[2], key_cache.shape[2]
+    return (
+        query.dtype in CUDA_ATTENTION_DTYPES
+        and head_dim in CUDA_ATTENTION_HEAD_DIMS
+        and num_heads // num_kv_heads <= CUDA_ATTENTION_MAX_GROUP
+    )
+
+
 def reshape_and_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -309,12 +329,11 @@ def reshape_and_cache(
     >>> cache[1, 1].sum().item()
     8.0
 
-    Backends: the C++ CPU kernel, the Triton kernel (a first version, not yet run on a GPU;
-    the default on CUDA tensors) and the reference. The CUDA kernel is not written yet:
-    ``backend="cuda"`` raises NotImplementedError.
+    Backends: the CUDA kernel (the default on CUDA tensors), the C++ CPU kernel, the
+    Triton kernel and the reference.
     """
     device = key_cache.device
-    chosen = resolve(backend, device, op="reshape_and_cache", missing=NO_CUDA_KERNEL)
+    chosen = resolve(backend, device, op="reshape_and_cache")
     if _should_validate(validate, device):
         _checks.validate_slot_mapping(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
     _op("reshape_and_cache", chosen)(key, value, key_cache, value_cache, slot_mapping)
@@ -365,12 +384,15 @@ def paged_attention(
     >>> out.shape
     torch.Size([3, 8, 64])
 
-    Backends: the C++ CPU kernel, the Triton kernel (a first version, not yet run on a GPU;
-    the default on CUDA tensors) and the reference. The CUDA kernel is not written yet:
-    ``backend="cuda"`` raises NotImplementedError.
+    Backends: the CUDA kernel (float16/bfloat16, head dims 64/128/256, GQA groups up to
+    16: the default on CUDA tensors it covers, see ``cuda_paged_attention_covers``), the
+    Triton kernel (every case; the default on CUDA tensors for the rest), the C++ CPU
+    kernel and the reference. ``backend="cuda"`` outside that coverage raises an error
+    naming the argument.
     """
     device = query.device
-    chosen = resolve(backend, device, op="paged_attention", missing=NO_CUDA_KERNEL)
+    covered = backend is not None or cuda_paged_attention_covers(query, key_cache)
+    chosen = resolve(backend, device, op="paged_attention", missing=() if covered else NO_CUDA_KERNEL)
     if _should_validate(validate, device):
         _checks.validate_paged_attention_values(
             block_table, seq_lens, cu_query_lens, query.shape[0], key_cache.shape[1], key_cache.shape[0]

@@ -1,7 +1,8 @@
 """The paged-attention ops' C++ CPU kernels against their float64 reference: shuffled block
 tables, lengths off the block size, ragged query lengths (decode and verify in one batch),
 GQA, sliding window, soft cap, LSE; NaN in unused cache slots must not leak; opcheck and
-torch.compile; named errors. (CUDA and Triton kernels are not written yet.)"""
+torch.compile; named errors. The Triton kernel's own tests (splits, tiles, GPU sizes, CUDA
+graphs) are in test_attention_triton.py."""
 
 from __future__ import annotations
 
@@ -9,65 +10,13 @@ import math
 
 import pytest
 import torch
+from attention_inputs import TOLERANCES, make_batch, reference_float64, relative_error
+from conftest import backend_params
 from specops.reference import attention as reference
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import specops
-from conftest import backend_params
 from specops.backend import Backend
-
-# (dtype, max relative error ||out - ref|| / ||ref||, LSE absolute tolerance)
-TOLERANCES = [
-    (torch.float32, 1e-5, 1e-4),
-    (torch.float16, 2e-3, 1e-3),
-    (torch.bfloat16, 1e-2, 1e-3),
-]
-
-
-def make_batch(seq_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed, spare_blocks=3):
-    """A paged cache holding random keys/values for each sequence in shuffled blocks; every
-    other slot is NaN, and block-table columns past a sequence's blocks hold invalid ids."""
-    g = torch.Generator().manual_seed(seed)
-    blocks_needed = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(blocks_needed) + spare_blocks
-    max_blocks = max(blocks_needed) + 1
-    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
-    block_table = torch.full((len(seq_lens), max_blocks), num_blocks + 7, dtype=torch.int32)
-    key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype)
-    value_cache = key_cache.clone()
-    used = 0
-    for b, (n, nb) in enumerate(zip(seq_lens, blocks_needed)):
-        block_table[b, :nb] = perm[used : used + nb]
-        used += nb
-        positions = torch.arange(n)
-        slots = block_table[b, positions // block_size].long() * block_size + positions % block_size
-        key_cache.view(-1, num_kv_heads, head_dim)[slots] = torch.randn(n, num_kv_heads, head_dim, generator=g).to(dtype)
-        value_cache.view(-1, num_kv_heads, head_dim)[slots] = torch.randn(n, num_kv_heads, head_dim, generator=g).to(
-            dtype
-        )
-    query = torch.randn(sum(q_lens), num_heads, head_dim, generator=g).to(dtype)
-    cu_query_lens = torch.tensor([0, *q_lens], dtype=torch.int64).cumsum(0).to(torch.int32)
-    return {
-        "query": query,
-        "key_cache": key_cache,
-        "value_cache": value_cache,
-        "block_table": block_table,
-        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
-        "cu_query_lens": cu_query_lens,
-    }
-
-
-def reference_float64(inputs, scale, sliding_window, soft_cap):
-    """The reference on float64 copies of the inputs: the exact answer for these inputs."""
-    upcast = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
-    return reference.paged_attention(
-        *upcast.values(), scale, sliding_window, soft_cap, True, accumulate_dtype=torch.float64
-    )
-
-
-def relative_error(out, ref):
-    return ((out.double() - ref).norm() / ref.norm()).item()
-
 
 # (name, seq_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size, sliding_window, soft_cap, logit_gain)
 CASES = [
@@ -201,23 +150,28 @@ def test_torch_compile_fullgraph():
         torch.testing.assert_close(a, b)
 
 
-def test_no_cuda_kernel_yet():
+def test_cuda_backend_needs_cuda_tensors():
+    """The CUDA kernels take CUDA tensors only: asked for on CPU tensors, a named error."""
     inputs = make_batch([4], [1], 2, 2, 64, 16, torch.float32, seed=11)
-    with pytest.raises(NotImplementedError, match="paged_attention"):
+    with pytest.raises(ValueError, match="backend 'cuda' cannot run on cpu"):
         specops.paged_attention(*inputs.values(), 0.125, backend="cuda")
 
 
 # The Triton kernels: under the interpreter on CPU tensors (float32 and float16: the
 # interpreter's bfloat16 matrix products are not faithful), every dtype on a GPU.
 TRITON_PARAMS = [p for p in backend_params() if p.values[1] is Backend.TRITON]
+# The CUDA kernels (GPU only): float16/bfloat16 attention, every dtype for the cache writes.
+CUDA_PARAMS = [p for p in backend_params() if p.values[1] is Backend.CUDA]
 
 
-@pytest.mark.parametrize("device,backend", TRITON_PARAMS)
+@pytest.mark.parametrize("device,backend", TRITON_PARAMS + CUDA_PARAMS)
 @pytest.mark.parametrize("dtype,max_error,lse_atol", TOLERANCES, ids=lambda v: str(v).replace("torch.", ""))
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_triton_paged_attention_matches_reference(device, backend, case, dtype, max_error, lse_atol):
     if device == "cpu" and dtype == torch.bfloat16:
         pytest.skip("the Triton interpreter's bfloat16 dot is not faithful; runs on the GPU")
+    if backend is Backend.CUDA and dtype == torch.float32:
+        pytest.skip("float32 runs on Triton: test_attention_cuda.py checks the CUDA kernel's error and fallback")
     _, seq_lens, q_lens, hq, hkv, d, block_size, window, cap, gain = case
     inputs = make_batch(seq_lens, q_lens, hq, hkv, d, block_size, dtype, seed=sum(map(ord, case[0])))
     scale = gain / math.sqrt(d)
@@ -229,7 +183,7 @@ def test_triton_paged_attention_matches_reference(device, backend, case, dtype, 
     torch.testing.assert_close(lse.cpu().double(), ref_lse.double(), atol=lse_atol, rtol=0)
 
 
-@pytest.mark.parametrize("device,backend", TRITON_PARAMS)
+@pytest.mark.parametrize("device,backend", TRITON_PARAMS + CUDA_PARAMS)
 def test_triton_reshape_and_cache_matches_cpu(device, backend):
     key, value, key_cache, value_cache, slots = make_cache_update(9, 4, 16, 2, 64, torch.float16, seed=3)
     expected_k, expected_v = key_cache.clone(), value_cache.clone()

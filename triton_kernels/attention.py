@@ -1,18 +1,25 @@
 """Triton kernels of the paged KV cache: reshape_and_cache and paged_attention.
 
-First version, written for correctness (checked under the interpreter); not yet run or
-tuned on a GPU, and without split-KV. paged_attention packs a sequence's query rows and
-its GQA group into one tile (BLOCK_M = q_len x group rows, padded), so each KV head of a
-sequence is read once whatever the query length: verify moves decode's bytes.
+paged_attention packs a sequence's query rows and its GQA group into one tile (BLOCK_M =
+ROWS query rows x GROUP heads, padded), so each KV head of a sequence is read once for up
+to ROWS query rows: verify moves decode's bytes. When the B x Hkv programs cannot fill the
+GPU, each sequence's key range is split among NUM_SPLITS programs that write normalised
+partial outputs and their LSE to a workspace; a second kernel merges them exactly. Every
+launch parameter (tiles, splits, workspace size) is a function of tensor shapes only, never
+of seq_lens or cu_query_lens values: no device sync, so a call can be captured in a CUDA
+graph. The planning lives in triton_kernels/attention_plan.py.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-ROWS_PER_TILE = 8  # query rows of one sequence per tile (k + 1 for k <= 7 in one pass)
+from .attention_plan import AttentionLaunch, multiprocessor_count, plan_paged_attention
+
 
 # Grid (N, Hkv). Program (i, h) copies token i's key and value for KV head h into slot
 # slot_mapping[i] (skipped when -1 or outside the cache). Bytes: 4 D elements per program.
@@ -59,15 +66,66 @@ def _tanh(x):
     return tl.where(x < 0, -y, y)
 
 
-# Grid (B, Hkv). Program (b, h) computes the attention of every query row of sequence b
-# whose head maps to KV head h: tiles of ROWS query rows x GROUP heads (BLOCK_M rows,
-# padded) against the sequence's cached keys, one cache block at a time, with an online
-# softmax. Bytes: the sequence's K and V for head h once per ROWS query rows (once for
-# decode and verify with k < 8), its query and output rows once.
-@triton.jit(do_not_specialize=["num_blocks", "max_blocks", "sliding_window"])
+@triton.jit
+def _attend_tile(
+    m_i, l_i, acc,  # running max [BLOCK_M], running sum [BLOCK_M], accumulator [BLOCK_M, BLOCK_D] float32
+    q,  # [BLOCK_M, BLOCK_D] the tile's query rows
+    position,  # [BLOCK_M] key position of each query row
+    row_valid,  # [BLOCK_M]
+    tile, table_row_ptr, key_cache_ptr, value_cache_ptr, h, seq_len, num_blocks, scale, soft_cap, sliding_window,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr,
+):
+    """One online-softmax step over keys [tile * BLOCK_N, (tile + 1) * BLOCK_N), which may
+    span several cache blocks: each key finds its block through the block table."""
+    n = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    key_position = tile * BLOCK_N + n
+    kv_valid = key_position < seq_len
+    physical = tl.load(table_row_ptr + key_position // BLOCK_SIZE, mask=kv_valid, other=0)
+    in_range = (physical >= 0) & (physical < num_blocks)
+    kv_valid = kv_valid & in_range  # unused slots and bad block ids are never read
+    physical = tl.where(in_range, physical, 0).to(tl.int64)
+    slot = physical * BLOCK_SIZE + key_position % BLOCK_SIZE
+    kv_offsets = (slot * NUM_KV_HEADS + h)[:, None] * HEAD_DIM + d[None, :]
+    kv_mask = kv_valid[:, None] & (d[None, :] < HEAD_DIM)
+    k = tl.load(key_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+    v = tl.load(value_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = s * scale
+    if HAS_SOFT_CAP:
+        s = soft_cap * _tanh(s / soft_cap)
+    visible = (key_position[None, :] <= position[:, None]) & kv_valid[None, :] & row_valid[:, None]
+    if HAS_WINDOW:
+        visible = visible & (key_position[None, :] > position[:, None] - sliding_window)
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+# Grid (B, Hkv, NUM_SPLITS). Program (b, h, s) takes sequence b's query rows whose heads map
+# to KV head h, ROWS rows at a time (a tile of ROWS x GROUP rows: one pass for q_len <=
+# ROWS), and attends them to the s-th of NUM_SPLITS equal shares of the key tiles those rows
+# can see (causal, window), BLOCK_N keys per tile, with an online softmax. NUM_SPLITS == 1:
+# it writes the output (and LSE); else it writes its normalised partial output and its LSE
+# (-inf when its share held no visible key) for _merge_splits_kernel. Bytes: the visible
+# part of K and V of head h once per ROWS query rows; the query rows once; the output once
+# (or NUM_SPLITS float32 partials).
+@triton.jit(do_not_specialize=["num_blocks", "max_blocks", "sliding_window", "num_query_tokens"])
 def _paged_attention_kernel(
-    out_ptr,  # [Tq, Hq, D] dtype of query
-    lse_ptr,  # [Tq, Hq] float32 (written when RETURN_LSE)
+    out_ptr,  # [Tq, Hq, D] dtype of query; [NUM_SPLITS, Tq, Hq, D] float32 when NUM_SPLITS > 1
+    lse_ptr,  # [Tq, Hq] float32 (written when WRITE_LSE); [NUM_SPLITS, Tq, Hq] when NUM_SPLITS > 1
     query_ptr,  # [Tq, Hq, D]
     key_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
     value_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
@@ -83,93 +141,163 @@ def _paged_attention_kernel(
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
-    RETURN_LSE: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
     IEEE: tl.constexpr,
+    PIPELINE: tl.constexpr,
 ):
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
     b = tl.program_id(0)
     h = tl.program_id(1)
+    split = tl.program_id(2)
+    # Clamped so that bad values (validate=False) stay in bounds.
     start = tl.minimum(tl.maximum(tl.load(cu_query_lens_ptr + b), 0), num_query_tokens)
     end = tl.minimum(tl.maximum(tl.load(cu_query_lens_ptr + b + 1), start), num_query_tokens)
     q_len = end - start
     seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), max_blocks * BLOCK_SIZE)
+    table_row_ptr = block_table_ptr + b.to(tl.int64) * max_blocks
     r = tl.arange(0, BLOCK_M)
-    d = tl.arange(0, HEAD_DIM)
-    n = tl.arange(0, BLOCK_SIZE)
+    d = tl.arange(0, BLOCK_D)
     head = h * GROUP + r % GROUP
     chunk = 0  # ROWS query rows at a time: no host-side maximum of the query lengths needed
     while chunk < q_len:
         j = chunk + r // GROUP  # query row within the sequence
         row_valid = (r // GROUP < ROWS) & (j < q_len)
-        q_offsets = ((start + j).to(tl.int64) * NUM_HEADS + head)[:, None] * HEAD_DIM + d[None, :]
-        q = tl.load(query_ptr + q_offsets, mask=row_valid[:, None], other=0.0)
+        token = (start + j).to(tl.int64)
+        row_offsets = token * NUM_HEADS + head  # [BLOCK_M] into [Tq, Hq]
+        d_valid = d < HEAD_DIM
+        q_offsets = row_offsets[:, None] * HEAD_DIM + d[None, :]
+        q = tl.load(query_ptr + q_offsets, mask=row_valid[:, None] & d_valid[None, :], other=0.0)
         position = seq_len - q_len + j  # bottom-right causal: the last q_len positions
+        # Keys the chunk's rows can see: up to its last row's position, from its first row's
+        # window start; whole BLOCK_N tiles, shared out evenly among the splits.
+        first_position = seq_len - q_len + chunk
+        key_end = tl.maximum(first_position + tl.minimum(q_len - chunk, ROWS), 0)
+        key_start = 0
+        if HAS_WINDOW:
+            key_start = tl.maximum(first_position + 1 - sliding_window, 0)
+        tile_start = key_start // BLOCK_N
+        num_tiles = tl.maximum(tl.cdiv(key_end, BLOCK_N) - tile_start, 0)
+        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+        tile_lo = tile_start + split * tiles_per_split
+        tile_hi = tl.minimum(tile_lo + tiles_per_split, tile_start + num_tiles)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        blk = 0
-        while blk * BLOCK_SIZE < seq_len:
-            physical = tl.load(block_table_ptr + b.to(tl.int64) * max_blocks + blk)
-            in_range = (physical >= 0) & (physical < num_blocks)
-            physical = tl.where(in_range, physical, 0).to(tl.int64)
-            key_position = blk * BLOCK_SIZE + n
-            kv_valid = (key_position < seq_len) & in_range
-            kv_offsets = ((physical * BLOCK_SIZE + n) * NUM_KV_HEADS + h)[:, None] * HEAD_DIM + d[None, :]
-            k = tl.load(key_cache_ptr + kv_offsets, mask=kv_valid[:, None], other=0.0)
-            v = tl.load(value_cache_ptr + kv_offsets, mask=kv_valid[:, None], other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = s * scale
-            if HAS_SOFT_CAP:
-                s = soft_cap * _tanh(s / soft_cap)
-            visible = (key_position[None, :] <= position[:, None]) & kv_valid[None, :] & row_valid[:, None]
-            if HAS_WINDOW:
-                visible = visible & (key_position[None, :] > position[:, None] - sliding_window)
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-            blk += 1
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        if PIPELINE:  # compiled: a for loop, which Triton software-pipelines (num_stages)
+            for tile in tl.range(tile_lo, tile_hi):
+                m_i, l_i, acc = _attend_tile(
+                    m_i, l_i, acc, q, position, row_valid, tile, table_row_ptr, key_cache_ptr, value_cache_ptr,
+                    h, seq_len, num_blocks, scale, soft_cap, sliding_window,
+                    NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, HAS_SOFT_CAP, HAS_WINDOW, IEEE,
+                )
+        else:  # the interpreter cannot bound a range by loaded values
+            tile = tile_lo
+            while tile < tile_hi:
+                m_i, l_i, acc = _attend_tile(
+                    m_i, l_i, acc, q, position, row_valid, tile, table_row_ptr, key_cache_ptr, value_cache_ptr,
+                    h, seq_len, num_blocks, scale, soft_cap, sliding_window,
+                    NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, HAS_SOFT_CAP, HAS_WINDOW, IEEE,
+                )
+                tile += 1
+        # A row that saw no key (a split's empty share; or a row masked out entirely,
+        # possible only with validate=False) gets output 0 and LSE -inf.
         seen = l_i > 0.0
         out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
-        tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
-        if RETURN_LSE:
-            lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
-            tl.store(lse_ptr + (start + j).to(tl.int64) * NUM_HEADS + head, lse, mask=row_valid)
+        lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+        out_mask = row_valid[:, None] & d_valid[None, :]
+        if NUM_SPLITS == 1:
+            tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+            if WRITE_LSE:
+                tl.store(lse_ptr + row_offsets, lse, mask=row_valid)
+        else:
+            partial_rows = split.to(tl.int64) * num_query_tokens * NUM_HEADS + row_offsets
+            tl.store(out_ptr + partial_rows[:, None] * HEAD_DIM + d[None, :], out, mask=out_mask)
+            tl.store(lse_ptr + partial_rows, lse, mask=row_valid)
         chunk += ROWS
 
+
+# Grid (Tq, Hq). Program (i, hq) merges the NUM_SPLITS partial outputs of query row i, head
+# hq, weighting each by exp(its LSE - the largest): exact up to float32 rounding; splits
+# that saw no key (LSE -inf) weigh 0 and are not read. Bytes: NUM_SPLITS float32 partials
+# (those with weight > 0) and LSEs in, one output row (and LSE) out.
+@triton.jit(do_not_specialize=["num_query_tokens"])
+def _merge_splits_kernel(
+    out_ptr,  # [Tq, Hq, D] dtype of query
+    lse_ptr,  # [Tq, Hq] float32 (written when WRITE_LSE)
+    partial_out_ptr,  # [NUM_SPLITS, Tq, Hq, D] float32
+    partial_lse_ptr,  # [NUM_SPLITS, Tq, Hq] float32
+    num_query_tokens,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64) * NUM_HEADS + tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    partial_rows = s.to(tl.int64) * num_query_tokens * NUM_HEADS + row  # [BLOCK_S]
+    split_lse = tl.load(partial_lse_ptr + partial_rows, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(split_lse, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    weight = tl.exp(split_lse - m_safe)  # 0 for splits that saw no key
+    total = tl.sum(weight, axis=0)
+    mask = (weight > 0.0)[:, None] & (d[None, :] < HEAD_DIM)
+    partial = tl.load(partial_out_ptr + partial_rows[:, None] * HEAD_DIM + d[None, :], mask=mask, other=0.0)
+    out = tl.sum(partial * weight[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + row * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+    if WRITE_LSE:
+        tl.store(lse_ptr + row, tl.where(total > 0.0, m_safe + tl.log(tl.where(total > 0.0, total, 1.0)),
+                                         float("-inf")))
+
+
 def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale,
-                    sliding_window=0, soft_cap=0.0, return_lse=False):
-    """Launcher; arguments already validated (specops/_checks.py); no device sync."""
+                    sliding_window=0, soft_cap=0.0, return_lse=False, *, launch: AttentionLaunch | None = None):
+    """Launcher; arguments already validated (specops/_checks.py); no device sync.
+
+    ``launch`` overrides the planned tiles and splits (tests force splits on small shapes).
+    """
     num_query_tokens, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
-    batch = seq_lens.shape[0]
+    batch, max_blocks = block_table.shape
     out = torch.empty_like(query)
     lse = torch.empty((num_query_tokens, num_heads) if return_lse else (0, 0), dtype=torch.float32,
                       device=query.device)
     if batch == 0 or num_query_tokens == 0:
         return out, lse
-    block_m = max(16, triton.next_power_of_2(ROWS_PER_TILE * (num_heads // num_kv_heads)))
-    _paged_attention_kernel[(batch, num_kv_heads)](
-        out, lse if return_lse else out, query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
-        scale, soft_cap if soft_cap > 0 else 1.0, sliding_window, num_blocks, block_table.shape[1],
-        num_query_tokens,
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, ROWS=ROWS_PER_TILE, HAS_SOFT_CAP=soft_cap > 0, HAS_WINDOW=sliding_window > 0, RETURN_LSE=return_lse,
-        IEEE=query.dtype == torch.float32,
+    if launch is None:
+        launch = plan_paged_attention(num_query_tokens, batch, num_heads, num_kv_heads, head_dim,
+                                      max_blocks * block_size, multiprocessor_count(query.device))
+    splits = launch.num_splits
+    if splits > 1:  # workspace sized from shapes alone: every (split, row, head) gets written
+        kernel_out = torch.empty((splits, num_query_tokens, num_heads, head_dim), dtype=torch.float32,
+                                 device=query.device)
+        kernel_lse = torch.empty((splits, num_query_tokens, num_heads), dtype=torch.float32, device=query.device)
+    else:
+        kernel_out, kernel_lse = out, (lse if return_lse else out)
+    block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K >= 16
+    _paged_attention_kernel[(batch, num_kv_heads, splits)](
+        kernel_out, kernel_lse, query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
+        scale, soft_cap if soft_cap > 0 else 1.0, sliding_window, num_blocks, max_blocks, num_query_tokens,
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
+        BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, ROWS=launch.rows, NUM_SPLITS=splits,
+        HAS_SOFT_CAP=soft_cap > 0, HAS_WINDOW=sliding_window > 0, WRITE_LSE=return_lse,
+        IEEE=query.dtype == torch.float32, PIPELINE=os.environ.get("TRITON_INTERPRET") != "1",
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
+    if splits > 1:
+        _merge_splits_kernel[(num_query_tokens, num_heads)](
+            out, lse if return_lse else out, kernel_out, kernel_lse, num_query_tokens,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=splits,
+            BLOCK_S=triton.next_power_of_2(splits), WRITE_LSE=return_lse, num_warps=4,
+        )
     return out, lse

@@ -1,0 +1,104 @@
+"""Launch plan of the Triton paged_attention kernel: tile sizes, warps, pipeline depth and
+the number of KV splits, from tensor shapes and the GPU's multiprocessor count only (never
+from seq_lens or cu_query_lens values, which would cost a device sync and break CUDA-graph
+capture).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton
+
+# Accumulator cap: BLOCK_M x BLOCK_D float32 elements of one program (64 registers a
+# thread at 8 warps); a larger GQA group x query rows tile takes another pass over the keys.
+MAX_TILE_ELEMENTS = 16384
+MAX_ROWS = 16  # query rows of one sequence per tile: verify with k <= 15 in one pass
+MIN_KEYS_PER_SPLIT = 256  # a split streams at least this many keys (16 blocks of 16)
+MAX_SPLITS = 32
+PROGRAMS_PER_MULTIPROCESSOR = 2  # split until the grid holds about this many programs per SM
+ASSUMED_MULTIPROCESSORS = 132  # off a GPU (the interpreter): plan as on an H100
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionLaunch:
+    """How one paged_attention call is tiled and split.
+
+    rows : query rows of one sequence per tile (a sequence with more takes several passes).
+    block_m : tile rows, ``rows x GQA group`` padded to a power of two >= 16.
+    block_n : keys per step (may span several cache blocks).
+    num_splits : programs sharing one (sequence, KV head); > 1 adds a merge kernel.
+    num_warps, num_stages : Triton launch options (num_stages: software-pipelining depth).
+    """
+
+    rows: int
+    block_m: int
+    block_n: int
+    num_splits: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "block_m", "block_n", "num_splits", "num_warps", "num_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"AttentionLaunch.{name} must be a positive int, got {value!r}")
+        for name in ("block_m", "block_n", "num_warps"):
+            value = getattr(self, name)
+            if value & (value - 1):
+                raise ValueError(f"AttentionLaunch.{name} must be a power of two, got {value}")
+        if self.block_m < 16 or self.block_n < 16:
+            raise ValueError(f"AttentionLaunch block_m and block_n must be >= 16 (tl.dot), got "
+                             f"{self.block_m} and {self.block_n}")
+        if self.num_splits > MAX_SPLITS:
+            raise ValueError(f"AttentionLaunch.num_splits must be <= {MAX_SPLITS}, got {self.num_splits}")
+
+
+def _floor_power_of_2(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def plan_paged_attention(
+    num_query_tokens: int, batch: int, num_heads: int, num_kv_heads: int, head_dim: int, max_context: int,
+    num_multiprocessors: int, rows: int | None = None, num_splits: int | None = None,
+) -> AttentionLaunch:
+    """The launch for these shapes; ``max_context`` is ``max_blocks x block_size`` (the
+    longest sequence the block table can address). ``rows`` and ``num_splits`` override
+    the planned values (tests force splits and multi-pass tiles on small shapes)."""
+    group = num_heads // num_kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if rows is None:
+        # The longest query length if every sequence has at least one row: 1 for a decode
+        # batch, so decode tiles hold just the GQA group.
+        longest = max(1, num_query_tokens - batch + 1)
+        fit = _floor_power_of_2(MAX_TILE_ELEMENTS // (block_d * group))
+        rows = min(triton.next_power_of_2(longest), MAX_ROWS, fit)
+    block_m = max(16, triton.next_power_of_2(rows * group))
+    if num_splits is None:
+        num_splits = 1
+        programs = batch * num_kv_heads
+        if programs < num_multiprocessors:
+            wanted = -(-PROGRAMS_PER_MULTIPROCESSOR * num_multiprocessors // programs)
+            num_splits = max(1, min(wanted, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    return AttentionLaunch(
+        rows=rows,
+        block_m=block_m,
+        block_n=64 if block_d <= 128 else 32,  # K and V tiles of 16 KB (bf16), x num_stages in shared memory
+        num_splits=num_splits,
+        num_warps=4 if block_m * block_d <= 8192 else 8,
+        num_stages=3 if block_d <= 128 else 2,
+    )
+
+
+@functools.cache
+def _cuda_multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def multiprocessor_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device``; ASSUMED_MULTIPROCESSORS off a GPU."""
+    if device.type != "cuda":
+        return ASSUMED_MULTIPROCESSORS
+    return _cuda_multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
