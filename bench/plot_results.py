@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 # Keys that are measurements or labels, not part of a row's shape.
-NOT_SHAPE = {"bench", "stage", "impl", "us", "floor_us", "gbps", "pct_copy_bw", "note"}
+NOT_SHAPE = {"bench", "stage", "impl", "us", "floor_us", "gbps", "pct_copy_bw", "max_err", "note"}
 
 
 def load_rows(paths: list[Path]) -> list[dict]:
