@@ -10,6 +10,9 @@ Floor (ANCHORS.md): every target and bonus logit row read once, plus one residua
 pair per request (random: target and draft rows; n-gram: the target row; greedy: none):
 4 V (T + B + r B) bytes, r = 2 random, 1 n-gram, 0 greedy, over the copy bandwidth.
 
+specops rows on a GPU also carry ``us_graph``: the same call captured in a CUDA graph and
+replayed (no Python or launch overhead; how an engine runs its step).
+
 Before timing, each specops backend is checked against specops.reference.verify on the
 first requests of the batch (a seeded request's tokens do not depend on its batch).
 """
@@ -71,6 +74,20 @@ def floor_bytes(B: int, k: int, V: int, mode: str) -> int:
     return 4 * V * (B * k + B + residual_rows * B)
 
 
+def graph_time_us(fn, device, iters: int) -> float:
+    """Median time of one replay of ``fn`` captured in a CUDA graph: the kernels' time
+    without the Python and launch overhead of an eager call (how engines run a step)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return common.time_us(graph.replay, device, iters=iters)
+
+
 def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters) -> list[dict]:
     B, k, V = x.shape
     rows = []
@@ -83,6 +100,8 @@ def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters) -> list[dic
             return
         row = {"bench": "verify", "impl": impl, "B": B, "k": k, "V": V, "mode": x.mode, "us": round(us, 2),
                "floor_us": round(floor_bytes(B, k, V, x.mode) / copy_bw_tbs / 1e6, 2)}
+        if impl.startswith("specops") and device.type == "cuda":
+            row["us_graph"] = round(graph_time_us(fn, device, iters), 2)
         rows.append(row | ({"note": note} if note else {}))
 
     args = verify_args(x, device)
@@ -137,6 +156,10 @@ def main() -> None:
     print()
     anchor = {ANCHOR_LABEL: lambda row: FLASHINFER_FULL_ANCHOR_US.get((row["B"], row["k"], row["V"], row["mode"]))}
     common.print_table(rows, ("B", "k", "V", "mode"), ("torch-eager", "flashinfer", "flashinfer-kern"), anchor)
+    for row in rows:
+        if "us_graph" in row:
+            print(f"graph replay  B={row['B']:>3} k={row['k']} V={row['V']:>6} {row['mode']:>6} {row['impl']:>15}: "
+                  f"{row['us_graph']:.1f} us ({row['us_graph'] / row['floor_us']:.2f}x floor)")
     path = common.write_results("verify", env, rows, args.out)
     print(f"wrote {path}")
     try:

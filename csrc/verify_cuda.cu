@@ -46,6 +46,7 @@ namespace cg = cooperative_groups;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxCluster = 16;
+constexpr int kUnroll = 8;  // groups of 4 logits loaded per thread before use
 constexpr int64_t kMaxSliceBytes = 96 * 1024;  // shared-memory slice of a row per CTA
 constexpr float kFixedScale = 1099511627776.0f;  // 2^40: normaliser sums
 constexpr float kMassScale = 4294967296.0f;      // 2^32: top-p masses
@@ -128,8 +129,9 @@ __device__ __forceinline__ float key_to_float(uint32_t key) {
   return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
 }
 
+// floor(x * scale) as an integer (x * scale < 2^63): one rounding-down conversion.
 __device__ __forceinline__ int64_t fixed_point(float x, float scale) {
-  return static_cast<int64_t>(floorf(repro::mul(x, scale)));
+  return __float2ll_rd(repro::mul(x, scale));
 }
 
 template <typename Combine>
@@ -182,14 +184,30 @@ struct ClusterReducer {
   }
 };
 
+// Division by the temperature. For a power of two T (T = 1 above all), x / T and
+// x * (1 / T) round the same real number, so the multiplication is exact too and far
+// cheaper than a correctly rounded division.
+struct Temperature {
+  float t;
+  float inverse;  // 1 / t when t is a power of two, else 0
+  __device__ explicit Temperature(float temperature) : t(temperature), inverse(0.f) {
+    const uint32_t bits = __float_as_uint(temperature);
+    const uint32_t exponent = (bits >> 23) & 0xFFu;
+    if ((bits & 0x807FFFFFu) == 0 && exponent >= 2 && exponent <= 253) inverse = __fdiv_rn(1.f, temperature);
+  }
+  __device__ __forceinline__ float scale(float x) const {
+    return inverse != 0.f ? repro::mul(x, inverse) : repro::div(x, t);
+  }
+};
+
 // The weight of a kept logit: exp((z - max) / T), the reference's two rounded steps.
-__device__ __forceinline__ float weight(float z, float max_logit, float temperature) {
-  return repro::exp(repro::div(repro::sub(z, max_logit), temperature));
+__device__ __forceinline__ float weight(float z, float max_logit, const Temperature& temperature) {
+  return repro::exp(temperature.scale(repro::sub(z, max_logit)));
 }
 
 // p_v under the processed distribution, from a row's statistics (pass 2's recomputation
 // of what pass 1 computed from shared memory; the same operations).
-__device__ __forceinline__ float processed_p(float z, int64_t v, const RowStats& st, float temperature) {
+__device__ __forceinline__ float processed_p(float z, int64_t v, const RowStats& st, const Temperature& temperature) {
   if (st.max_logit == -INFINITY) return v == 0 ? 1.f : 0.f;
   float w = z >= st.kth ? weight(z, st.max_logit, temperature) : 0.f;
   if (st.top_p_cut != 0 && __float_as_uint(repro::div(w, st.z1)) < st.top_p_cut) w = 0.f;
@@ -227,12 +245,18 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
   const bool vec = reinterpret_cast<uintptr_t>(row) % (4 * sizeof(scalar_t)) == 0;
 
   Slot best{-INFINITY, 0.f, INT64_MAX};
-  for (int64_t v = lo + 4 * threadIdx.x; v < hi; v += 4 * kThreads) {
-    float x[4];
-    load4(row, v, hi, vec, x);
-    for (int j = 0; j < 4 && v + j < hi; ++j) {
-      row_slice[v - lo + j] = x[j];
-      if (x[j] > best.f) best = Slot{x[j], 0.f, v + j};
+  // kUnroll independent loads in flight per thread before any is used.
+  for (int64_t base = lo + 4 * threadIdx.x; base < hi; base += 4 * kThreads * kUnroll) {
+    float x[kUnroll][4];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load4(row, base + 4 * kThreads * u, hi, vec, x[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = base + 4 * kThreads * u;
+      for (int j = 0; j < 4 && v + j < hi; ++j) {
+        row_slice[v - lo + j] = x[u][j];
+        if (x[u][j] > best.f) best = Slot{x[u][j], 0.f, v + j};
+      }
     }
   }
   const Slot top = reducer.reduce(cluster, best, MaxCombine{});
@@ -262,8 +286,9 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
     kth = key_to_float(key);
   }
   int64_t fixed = 0;
+  const Temperature temperature_scale(sp.temperature);
   for (int64_t j = threadIdx.x; j < n; j += kThreads) {
-    const float w = row_slice[j] >= kth ? weight(row_slice[j], max_logit, sp.temperature) : 0.f;
+    const float w = row_slice[j] >= kth ? weight(row_slice[j], max_logit, temperature_scale) : 0.f;
     row_slice[j] = w;
     fixed += fixed_point(w, kFixedScale);
   }
@@ -395,13 +420,24 @@ __global__ void __launch_bounds__(kThreads) verify_decide_kernel(
   const int64_t race_position = position + chosen;
   const int64_t lo = min(rank * slice, vocab), hi = min(lo + slice, vocab);
   const bool vec = reinterpret_cast<uintptr_t>(row) % (4 * sizeof(scalar_t)) == 0;
+  const Temperature temperature_scale(t);
+  // An upper bound of every score of the row: r <= p <= w (z2 >= 1: the argmax keeps
+  // weight 1), w <= a fast exp with margins, E >= v (E = -log(1 - v) >= v). Elements
+  // whose bound cannot beat the thread's best so far skip the exact p, q and E, which is
+  // exact: a skipped score is at most the best, and ties keep the earlier index.
+  const float approx_inverse = st.max_logit == -INFINITY ? 0.f : __frcp_rn(t);
   Slot best{-INFINITY, 0.f, INT64_MAX};
   for (int64_t v = lo + 4 * threadIdx.x; v < hi; v += 4 * kThreads) {
     float z[4];
     load4(row, v, hi, vec, z);
     const PhiloxWords words = philox_block(seed, race_position, kPurposeSample, static_cast<uint32_t>(v / 4));
     for (int j = 0; j < 4 && v + j < hi; ++j) {
-      const float p = processed_p(z[j], v + j, st, t);
+      if (best.f > 0.f && st.max_logit != -INFINITY) {
+        const float uniform = __fmul_rn(__fadd_rn(static_cast<float>(words.w[j]), 0.5f), 2.3283064365386963e-10f);
+        const float w_bound = __expf((z[j] - st.max_logit) * approx_inverse) * 1.001f + 1e-30f;
+        if (w_bound * 1.001f < best.f * uniform) continue;
+      }
+      const float p = processed_p(z[j], v + j, st, temperature_scale);
       float residual = p;
       if (q != nullptr) {
         residual = repro::sub(p, q[v + j]);
