@@ -78,11 +78,12 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     log_every: int = 100
+    val_windows: int = 256  # seq_len-long windows of the validation stream scored at the end
     distill_weight: float = 0.0  # share of the loss that is KL(teacher || model), the rest next-token CE
 
     def __post_init__(self):
-        if self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
-            raise ValueError(f"steps, batch_size must be >= 1 and seq_len >= 2, got {self}")
+        if self.steps < 1 or self.batch_size < 1 or self.seq_len < 2 or self.val_windows < 1:
+            raise ValueError(f"steps, batch_size, val_windows must be >= 1 and seq_len >= 2, got {self}")
         if not 0 <= self.warmup_steps < self.steps:
             raise ValueError(f"warmup_steps must be in [0, steps), got {self.warmup_steps} for steps={self.steps}")
         if self.lr <= 0 or self.budget_s < 0 or not 0 <= self.min_lr_ratio <= 1:
@@ -96,15 +97,19 @@ class TrainConfig:
 
 TARGET = ModelShape(hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2, intermediate_size=768)
 DRAFT = ModelShape(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512)
-TARGET_TRAIN = TrainConfig(steps=4000, batch_size=64, seq_len=512, lr=2e-3, warmup_steps=200, budget_s=140)
+TARGET_TRAIN = TrainConfig(steps=4000, batch_size=64, seq_len=512, lr=2e-3, warmup_steps=200, budget_s=130)
 # The draft learns partly from the target's distribution: acceptance is agreement with the
 # target, not likelihood of the corpus.
-DRAFT_TRAIN = TrainConfig(steps=4000, batch_size=64, seq_len=512, lr=3e-3, warmup_steps=200, budget_s=60,
+DRAFT_TRAIN = TrainConfig(steps=4000, batch_size=64, seq_len=512, lr=3e-3, warmup_steps=200, budget_s=55,
                           distill_weight=0.5)
 SMOKE_SHAPE = ModelShape(hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=128)
-SMOKE_TRAIN = TrainConfig(steps=12, batch_size=4, seq_len=64, lr=3e-3, warmup_steps=2, budget_s=0, log_every=4)
+SMOKE_TRAIN = TrainConfig(steps=12, batch_size=4, seq_len=64, lr=3e-3, warmup_steps=2, budget_s=0, log_every=4,
+                          val_windows=16)
 SMOKE_DRAFT_TRAIN = replace(SMOKE_TRAIN, distill_weight=0.5)
 MAX_POSITIONS = 2048
+# Acceptance measure: (prompts, prompt bytes, greedy target tokens per prompt).
+EVAL = (64, 128, 64)
+SMOKE_EVAL = (4, 32, 16)
 
 
 def stdlib_files(limit: int | None = None) -> tuple[Path, list[Path]]:
@@ -266,7 +271,7 @@ def train_one(name: str, shape: ModelShape, cfg: TrainConfig, train: torch.Tenso
     if device.type == "cuda":
         torch.cuda.synchronize()
     train_s = time.perf_counter() - start
-    val_bpb = bits_per_byte(model, val, cfg.seq_len, 256, autocast)
+    val_bpb = bits_per_byte(model, val, cfg.seq_len, cfg.val_windows, autocast)
     print(f"[{name}] {train_s:.1f}s, val {val_bpb:.3f} bits/byte", flush=True)
     record = {"params": params, "shape": asdict(shape), "train": asdict(cfg), "steps_run": total_steps,
               "train_s": round(train_s, 1), "tokens_seen": total_steps * cfg.batch_size * cfg.seq_len,
@@ -338,7 +343,7 @@ def main() -> None:
     transformers_logging.disable_progress_bar()
     target, draft = (LlamaForCausalLM.from_pretrained(args.out / n, dtype=torch.bfloat16).to(device)
                      for n in ("target", "draft"))
-    num_prompts, prompt_len, gen_len = (4, 32, 16) if args.smoke else (64, 128, 64)
+    num_prompts, prompt_len, gen_len = SMOKE_EVAL if args.smoke else EVAL
     # Prompts from held-out files: consecutive slices, spread over the validation stream.
     stride = (val.numel() - prompt_len) // num_prompts
     prompts = torch.stack([val[i * stride: i * stride + prompt_len] for i in range(num_prompts)]).long()
