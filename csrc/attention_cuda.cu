@@ -254,6 +254,11 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cuda(
   at::Tensor lse = return_lse ? at::empty({s.num_query_tokens, s.num_heads}, query.options().dtype(at::kFloat))
                               : at::empty({0, 0}, query.options().dtype(at::kFloat));
   if (s.batch == 0 || s.num_query_tokens == 0) return {out, lse};
+  if (s.num_blocks == 0) {  // an empty cache: no key to see, and no address to pass cp.async
+    out.zero_();
+    if (return_lse) lse.fill_(-INFINITY);
+    return {out, lse};
+  }
   const int64_t max_keys = s.max_blocks * s.block_size;
   PagedAttentionParams p{};
   p.out = out.data_ptr();
