@@ -50,9 +50,7 @@ class NgramProposer:
         self._lookup = ngram.NgramProposer(min_n=min_n, max_n=max_n, k=k)
 
     def propose(self, states: Sequence[SequenceState], num_drafts: Sequence[int]) -> Proposal:
-        drafts = [
-            list(self._lookup.propose(s.token_ids))[:n] if n > 0 else [] for s, n in zip(states, num_drafts)
-        ]
+        drafts = self._lookup.propose_batch([s.token_ids for s in states], list(num_drafts))
         return Proposal(drafts, None)
 
     def on_verified(self, state: SequenceState, num_accepted: int) -> None:
