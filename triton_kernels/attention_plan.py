@@ -60,6 +60,7 @@ def _floor_power_of_2(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of ints, called on every launch
 def plan_paged_attention(
     num_query_tokens: int, batch: int, num_heads: int, num_kv_heads: int, head_dim: int, max_context: int,
     num_multiprocessors: int, rows: int | None = None, num_splits: int | None = None,
