@@ -1,8 +1,11 @@
 """Train the embedded draft/target pair: two byte-level Llama models on the Python stdlib.
 
 The corpus is every ``.py`` file of the running Python's standard library
-(``sysconfig.get_paths()["stdlib"]``, site-packages excluded), in sorted order; every
-``VAL_EVERY``-th file is held out for validation and the acceptance measure. Each file is
+(``sysconfig.get_paths()["stdlib"]``, site-packages excluded), in sorted order. Two sets of
+files are held out: files 0, 40, 80, ... validate (and pick, for each model, the weights of
+the step that validates best: the corpus is small, ~10 MB where the stdlib ships without
+its tests, and the models see it many times), files 20, 60, 100, ... give the prompts of
+the acceptance measure, which thus never saw selection. Each file is
 ``<|bos|>`` + its UTF-8 bytes + ``<|eos|>``; token id = byte value (see byte_tokenizer.py).
 
 Both models are ``transformers.LlamaForCausalLM`` trained from a fixed seed with AdamW,
@@ -42,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from byte_tokenizer import BOS_ID, EOS_ID, VOCAB_SIZE, write_tokenizer
 from pair_acceptance import acceptance_as_dict, measure_acceptance
 
-VAL_EVERY = 40  # hold out files 0, 40, 80, ... of the sorted list (~2.5% of the corpus)
+VAL_EVERY = 40  # validation: files 0, 40, 80, ...; acceptance prompts: 20, 60, 100, ... (2.5% each)
 MAX_BYTES = 20_000_000  # both models' saved weights together (issue 5)
 
 
@@ -78,12 +81,14 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     log_every: int = 100
+    eval_every: int = 250  # steps between validations (the best one's weights are kept)
     val_windows: int = 256  # seq_len-long windows of the validation stream scored at the end
     distill_weight: float = 0.0  # share of the loss that is KL(teacher || model), the rest next-token CE
 
     def __post_init__(self):
-        if self.steps < 1 or self.batch_size < 1 or self.seq_len < 2 or self.val_windows < 1:
-            raise ValueError(f"steps, batch_size, val_windows must be >= 1 and seq_len >= 2, got {self}")
+        if min(self.steps, self.batch_size, self.val_windows, self.eval_every, self.log_every) < 1 or self.seq_len < 2:
+            raise ValueError(f"steps, batch_size, val_windows, eval_every, log_every must be >= 1 and "
+                             f"seq_len >= 2, got {self}")
         if not 0 <= self.warmup_steps < self.steps:
             raise ValueError(f"warmup_steps must be in [0, steps), got {self.warmup_steps} for steps={self.steps}")
         if self.lr <= 0 or self.budget_s < 0 or not 0 <= self.min_lr_ratio <= 1:
@@ -97,14 +102,14 @@ class TrainConfig:
 
 TARGET = ModelShape(hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2, intermediate_size=768)
 DRAFT = ModelShape(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512)
-TARGET_TRAIN = TrainConfig(steps=4000, batch_size=64, seq_len=512, lr=2e-3, warmup_steps=200, budget_s=130)
+TARGET_TRAIN = TrainConfig(steps=4000, batch_size=64, seq_len=512, lr=2e-3, warmup_steps=200, budget_s=125)
 # The draft learns partly from the target's distribution: acceptance is agreement with the
 # target, not likelihood of the corpus.
-DRAFT_TRAIN = TrainConfig(steps=4000, batch_size=64, seq_len=512, lr=3e-3, warmup_steps=200, budget_s=55,
+DRAFT_TRAIN = TrainConfig(steps=4000, batch_size=64, seq_len=512, lr=3e-3, warmup_steps=200, budget_s=45,
                           distill_weight=0.5)
 SMOKE_SHAPE = ModelShape(hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=128)
 SMOKE_TRAIN = TrainConfig(steps=12, batch_size=4, seq_len=64, lr=3e-3, warmup_steps=2, budget_s=0, log_every=4,
-                          val_windows=16)
+                          val_windows=16, eval_every=4)
 SMOKE_DRAFT_TRAIN = replace(SMOKE_TRAIN, distill_weight=0.5)
 MAX_POSITIONS = 2048
 # Acceptance measure: (prompts, prompt bytes, greedy target tokens per prompt).
@@ -126,18 +131,25 @@ def stdlib_files(limit: int | None = None) -> tuple[Path, list[Path]]:
     return root, files[:limit]
 
 
-def load_corpus(files: list[Path]) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """Train and validation token streams, int16 (ids go to 257).
+SPLITS = ("train", "val", "heldout")
 
-    Shape: -> train [num_train_tokens], val [num_val_tokens].
+
+def load_corpus(files: list[Path]) -> tuple[dict[str, torch.Tensor], dict]:
+    """Train, validation and held-out (acceptance) token streams, int16 (ids go to 257).
+
+    Shape: -> {"train": [num_train_tokens], "val": [...], "heldout": [...]}.
     """
-    docs: dict[str, list[bytes]] = {"train": [], "val": []}
+    docs: dict[str, list[bytes]] = {split: [] for split in SPLITS}
     for index, path in enumerate(files):
-        docs["val" if index % VAL_EVERY == 0 else "train"].append(path.read_bytes())
-    train, val = (_token_stream(docs[split]) for split in ("train", "val"))
-    info = {"files": len(files), "val_files": len(docs["val"]), "train_tokens": train.numel(),
-            "val_tokens": val.numel()}
-    return train, val, info
+        split = {0: "val", VAL_EVERY // 2: "heldout"}.get(index % VAL_EVERY, "train")
+        docs[split].append(path.read_bytes())
+    if not docs["val"] or not docs["heldout"]:
+        raise RuntimeError(f"{len(files)} files are too few to hold out validation and acceptance files")
+    streams = {split: _token_stream(docs[split]) for split in SPLITS}
+    info = {"files": len(files)}
+    for split in SPLITS:
+        info.update({f"{split}_files": len(docs[split]), f"{split}_tokens": streams[split].numel()})
+    return streams, info
 
 
 def _token_stream(docs: list[bytes]) -> torch.Tensor:
@@ -202,24 +214,30 @@ def next_token_loss(model, windows: torch.Tensor, autocast: bool, teacher=None, 
 
 
 @torch.no_grad()
-def bits_per_byte(model, val: torch.Tensor, seq_len: int, max_windows: int, autocast: bool) -> float:
-    """Mean next-token loss over consecutive validation windows, in bits (1 token = 1 byte)."""
+def validate(model, val: torch.Tensor, cfg: TrainConfig, autocast: bool, teacher=None) -> tuple[float, float]:
+    """(next-byte loss in bits per byte, training objective in bits) over the first
+    ``cfg.val_windows`` consecutive validation windows (1 token = 1 byte)."""
     model.eval()
-    num_windows = min(max_windows, (val.numel() - 1) // seq_len)
-    windows = val[: num_windows * seq_len + 1].long()
-    losses = []
+    num_windows = min(cfg.val_windows, (val.numel() - 1) // cfg.seq_len)
+    if num_windows < 1:
+        raise RuntimeError(f"the validation stream ({val.numel()} tokens) is shorter than one window")
+    windows = val[: num_windows * cfg.seq_len + 1].long()
+    cross_entropy, objective = [], []
     for start in range(0, num_windows, 16):
-        rows = torch.stack([windows[i * seq_len: (i + 1) * seq_len + 1] for i in range(start, min(num_windows,
-                                                                                                  start + 16))])
-        losses.append(next_token_loss(model, rows, autocast) * rows.shape[0])
+        rows = torch.stack([windows[i * cfg.seq_len: (i + 1) * cfg.seq_len + 1]
+                            for i in range(start, min(num_windows, start + 16))])
+        cross_entropy.append(next_token_loss(model, rows, autocast) * rows.shape[0])
+        objective.append(next_token_loss(model, rows, autocast, teacher, cfg.distill_weight) * rows.shape[0]
+                         if teacher is not None and cfg.distill_weight > 0 else cross_entropy[-1])
     model.train()
-    return (torch.stack(losses).sum() / num_windows / math.log(2)).item()
+    return tuple((torch.stack(v).sum() / num_windows / math.log(2)).item() for v in (cross_entropy, objective))
 
 
 def train_one(name: str, shape: ModelShape, cfg: TrainConfig, train: torch.Tensor, val: torch.Tensor,
               device: torch.device, seed: int, teacher=None):
     """Train one model (distilling from ``teacher`` when cfg.distill_weight > 0); returns
-    it (fp32, on device) and its record for the summary."""
+    it (fp32, on device) with the weights of the step whose validation objective was best,
+    and its record for the summary."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -236,7 +254,8 @@ def train_one(name: str, shape: ModelShape, cfg: TrainConfig, train: torch.Tenso
     autocast = device.type == "cuda"
     if teacher is not None:
         teacher.eval()
-    total_steps, log, start, calibrated = cfg.steps, [], time.perf_counter(), cfg.budget_s == 0
+    total_steps, log, val_log, start, calibrated = cfg.steps, [], [], time.perf_counter(), cfg.budget_s == 0
+    best = (math.inf, 0, None)  # (validation objective, step, weights)
     calibrate_from, calibrate_at = max(1, min(10, cfg.warmup_steps // 2)), min(50, cfg.warmup_steps)
     print(f"[{name}] {params / 1e6:.2f}M params, {shape}", flush=True)
     step = 0
@@ -268,15 +287,25 @@ def train_one(name: str, shape: ModelShape, cfg: TrainConfig, train: torch.Tenso
             log.append({"step": step, "loss": round(loss.item(), 4), "tokens_per_s": round(tokens_per_s)})
             print(f"[{name}] step {step}/{total_steps} loss {loss.item():.4f} {tokens_per_s / 1e3:.0f}k tok/s "
                   f"lr {lr_at(step - 1, cfg, total_steps):.2e}", flush=True)
+        if step % cfg.eval_every == 0 or step == total_steps:
+            val_bpb, val_objective = validate(model, val, cfg, autocast, teacher)
+            val_log.append({"step": step, "val_bits_per_byte": round(val_bpb, 4),
+                            "val_objective_bits": round(val_objective, 4)})
+            print(f"[{name}] step {step} val {val_bpb:.4f} bits/byte, objective {val_objective:.4f}", flush=True)
+            if val_objective < best[0]:
+                best = (val_objective, step, {k: v.detach().clone() for k, v in model.state_dict().items()})
     if device.type == "cuda":
         torch.cuda.synchronize()
     train_s = time.perf_counter() - start
-    val_bpb = bits_per_byte(model, val, cfg.seq_len, cfg.val_windows, autocast)
-    print(f"[{name}] {train_s:.1f}s, val {val_bpb:.3f} bits/byte", flush=True)
+    model.load_state_dict(best[2])
+    best_val = next(v for v in val_log if v["step"] == best[1])
+    print(f"[{name}] {train_s:.1f}s; kept step {best[1]}: val {best_val['val_bits_per_byte']:.4f} bits/byte",
+          flush=True)
     record = {"params": params, "shape": asdict(shape), "train": asdict(cfg), "steps_run": total_steps,
               "train_s": round(train_s, 1), "tokens_seen": total_steps * cfg.batch_size * cfg.seq_len,
               "tokens_per_s": round(total_steps * cfg.batch_size * cfg.seq_len / train_s),
-              "final_loss": log[-1]["loss"], "val_bits_per_byte": round(val_bpb, 4), "log": log}
+              "final_loss": log[-1]["loss"], "kept_step": best[1], "val_bits_per_byte": best_val["val_bits_per_byte"],
+              "val_objective_bits": best_val["val_objective_bits"], "val_log": val_log, "log": log}
     return model, record
 
 
@@ -318,10 +347,10 @@ def main() -> None:
         trains[name] = cfg
 
     root, files = stdlib_files(limit=60 if args.smoke else None)
-    train, val, corpus = load_corpus(files)
+    streams, corpus = load_corpus(files)
     corpus.update(root=str(root), python=platform.python_version(), val_every=VAL_EVERY)
     print(f"corpus: {corpus} ({time.perf_counter() - wall_start:.1f}s)", flush=True)
-    train, val = train.to(device), val.to(device)
+    train, val, heldout = (streams[split].to(device) for split in SPLITS)
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_tokenizer(args.out / "tokenizer.json")
@@ -344,9 +373,9 @@ def main() -> None:
     target, draft = (LlamaForCausalLM.from_pretrained(args.out / n, dtype=torch.bfloat16).to(device)
                      for n in ("target", "draft"))
     num_prompts, prompt_len, gen_len = SMOKE_EVAL if args.smoke else EVAL
-    # Prompts from held-out files: consecutive slices, spread over the validation stream.
-    stride = (val.numel() - prompt_len) // num_prompts
-    prompts = torch.stack([val[i * stride: i * stride + prompt_len] for i in range(num_prompts)]).long()
+    # Prompts from the held-out files (never trained on nor used to pick weights), spread out.
+    stride = (heldout.numel() - prompt_len) // num_prompts
+    prompts = torch.stack([heldout[i * stride: i * stride + prompt_len] for i in range(num_prompts)]).long()
     acceptance = acceptance_as_dict(measure_acceptance(target, draft, prompts, gen_len, k=4))
     print(f"acceptance: {json.dumps(acceptance)}", flush=True)
 
