@@ -1,5 +1,8 @@
-"""``python -m specops``: the package's main job (a verification step, until the engine lands)."""
+"""``python -m specops``: speculative decoding from the command line (``specops.cli``; the
+verification-step demo is ``python -m specops.demo``)."""
 
-from specops.demo import main
+import sys
 
-main()
+from specops.cli import main
+
+main(sys.argv[1:])

@@ -78,3 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     run(args.device, args.seed)
+
+
+if __name__ == "__main__":
+    main()

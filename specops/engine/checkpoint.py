@@ -37,12 +37,14 @@ def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_tokenizer(folder: Path):
-    file = folder / "tokenizer.json"
-    if not file.exists():
-        return None
+    """``tokenizer.json`` of the folder, else of its parent (a draft/target pair sharing one),
+    else None."""
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(file))
+    for file in (folder / "tokenizer.json", folder.parent / "tokenizer.json"):
+        if file.is_file():
+            return Tokenizer.from_file(str(file))
+    return None
 
 
 def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32,
