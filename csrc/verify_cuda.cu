@@ -29,6 +29,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -72,12 +73,14 @@ struct Slot {
 };
 
 struct MaxCombine {
+  static __device__ Slot identity() { return Slot{-INFINITY, 0.f, INT64_MAX}; }
   __device__ Slot operator()(const Slot& a, const Slot& b) const {
     return (b.f > a.f || (b.f == a.f && b.i < a.i)) ? b : a;
   }
 };
 
 struct SumCombine {
+  static __device__ Slot identity() { return Slot{0.f, 0.f, 0}; }
   __device__ Slot operator()(const Slot& a, const Slot& b) const { return Slot{0.f, 0.f, a.i + b.i}; }
 };
 
@@ -161,18 +164,16 @@ struct ClusterReducer {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) warp_slots[warp] = value;
     __syncthreads();
-    if (threadIdx.x == 0) {
-      Slot acc = warp_slots[0];
-      for (int w = 1; w < kWarps; ++w) acc = combine(acc, warp_slots[w]);
-      exchange[parity] = acc;
+    if (warp == 0) {  // the CTA's value, then each peer's slot read by one lane at once
+      value = warp_reduce(lane < kWarps ? warp_slots[lane] : Combine::identity(), combine);
+      if (lane == 0) exchange[parity] = value;
     }
     cluster.sync();
-    if (threadIdx.x == 0) {
-      Slot acc = *cluster.map_shared_rank(&exchange[parity], 0);
-      for (unsigned r = 1; r < cluster.num_blocks(); ++r) {
-        acc = combine(acc, *cluster.map_shared_rank(&exchange[parity], r));
-      }
-      *result = acc;
+    if (warp == 0) {
+      const unsigned peers = cluster.num_blocks();
+      value = lane < peers ? *cluster.map_shared_rank(&exchange[parity], lane) : Combine::identity();
+      value = warp_reduce(value, combine);
+      if (lane == 0) *result = value;
     }
     parity ^= 1;
     __syncthreads();
@@ -427,25 +428,32 @@ __global__ void __launch_bounds__(kThreads) verify_decide_kernel(
   // exact: a skipped score is at most the best, and ties keep the earlier index.
   const float approx_inverse = st.max_logit == -INFINITY ? 0.f : __frcp_rn(t);
   Slot best{-INFINITY, 0.f, INT64_MAX};
-  for (int64_t v = lo + 4 * threadIdx.x; v < hi; v += 4 * kThreads) {
-    float z[4];
-    load4(row, v, hi, vec, z);
-    const PhiloxWords words = philox_block(seed, race_position, kPurposeSample, static_cast<uint32_t>(v / 4));
-    for (int j = 0; j < 4 && v + j < hi; ++j) {
-      if (best.f > 0.f && st.max_logit != -INFINITY) {
-        const float uniform = __fmul_rn(__fadd_rn(static_cast<float>(words.w[j]), 0.5f), 2.3283064365386963e-10f);
-        const float w_bound = __expf((z[j] - st.max_logit) * approx_inverse) * 1.001f + 1e-30f;
-        if (w_bound * 1.001f < best.f * uniform) continue;
+  for (int64_t base = lo + 4 * threadIdx.x; base < hi; base += 4 * kThreads * kUnroll) {
+    float zs[kUnroll][4];  // kUnroll independent loads in flight per thread before any is used
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load4(row, base + 4 * kThreads * u, hi, vec, zs[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = base + 4 * kThreads * u;
+      if (v >= hi) break;
+      const float* z = zs[u];
+      const PhiloxWords words = philox_block(seed, race_position, kPurposeSample, static_cast<uint32_t>(v / 4));
+      for (int j = 0; j < 4 && v + j < hi; ++j) {
+        if (best.f > 0.f && st.max_logit != -INFINITY) {
+          const float uniform = __fmul_rn(__fadd_rn(static_cast<float>(words.w[j]), 0.5f), 2.3283064365386963e-10f);
+          const float w_bound = __expf((z[j] - st.max_logit) * approx_inverse) * 1.001f + 1e-30f;
+          if (w_bound * 1.001f < best.f * uniform) continue;
+        }
+        const float p = processed_p(z[j], v + j, st, temperature_scale);
+        float residual = p;
+        if (q != nullptr) {
+          residual = repro::sub(p, q[v + j]);
+        } else if (rejected && v + j == rejected_token) {
+          residual = 0.f;
+        }
+        const float score = race_score(residual, repro::exponential(words.w[j]));
+        if (score > best.f) best = Slot{score, p, v + j};
       }
-      const float p = processed_p(z[j], v + j, st, temperature_scale);
-      float residual = p;
-      if (q != nullptr) {
-        residual = repro::sub(p, q[v + j]);
-      } else if (rejected && v + j == rejected_token) {
-        residual = 0.f;
-      }
-      const float score = race_score(residual, repro::exponential(words.w[j]));
-      if (score > best.f) best = Slot{score, p, v + j};
     }
   }
   ClusterReducer reducer{warp_slots, exchange, &result, 0};
@@ -461,6 +469,13 @@ __global__ void __launch_bounds__(kThreads) verify_decide_kernel(
 // (portable clusters), 16 CTAs when the batch is too small to fill the GPU or the slice
 // would not fit in shared memory.
 int cluster_size(int64_t vocab, int64_t slots, int num_sms) {
+  // Tuning override (bench/NOTES.md): SPECOPS_VERIFY_CLUSTER=1|2|4|8|16 where the slice fits.
+  if (const char* forced = std::getenv("SPECOPS_VERIFY_CLUSTER")) {
+    const int c = std::atoi(forced);
+    if ((c == 1 || c == 2 || c == 4 || c == 8 || c == 16) && (vocab + c - 1) / c * int64_t{4} <= kMaxSliceBytes) {
+      return c;
+    }
+  }
   int c = 1;
   while (c < 8 && (vocab + c - 1) / c > 4096) c *= 2;
   const bool too_big = (vocab + c - 1) / c * int64_t{4} > kMaxSliceBytes;
