@@ -134,3 +134,23 @@ def test_zero_drafts_and_bad_requests(pair_dirs):
         SpecDecodeEngine(target, EngineConfig(**CACHE, proposer="draft", k=2))
     with pytest.raises(ValueError, match="k must be 0 with no proposer"):
         EngineConfig(k=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("proposer, k, scorer", [
+    ("none", 0, "paged-verify"), ("draft", 3, "paged-verify"), ("draft", 4, "batch-expansion"),
+    ("ngram", 4, "paged-verify"),
+])
+def test_cuda_graph_replay_keeps_greedy_lossless(pair_dirs, proposer, k, scorer):
+    """Decode/verify steps replayed from CUDA graphs (windows padded to k + 1, the draft's
+    catch-up fixed at 2 tokens) emit exactly the eager target-only tokens (float32)."""
+    target, draft = models(pair_dirs, "cuda")
+    requests = [Request(tuple(p), max_tokens=24) for p in prompts()]
+    expected, _, _ = run(target, requests, max_num_seqs=3)
+    got, engine, _ = run(target, requests, draft=draft, proposer=proposer, k=k, scorer=scorer, max_num_seqs=3,
+                         use_cuda_graphs=True)
+    assert got == expected
+    assert engine.scorer.runner.num_graphs >= 1
+    if proposer == "draft":
+        assert engine.proposer.runner.num_graphs >= 1

@@ -116,8 +116,12 @@ class DraftModelProposer:
             for i in active:
                 s = states[i]
                 if step == 0:
-                    chunks.append(SequenceChunk(s.token_ids[s.num_draft_cached:], s.num_draft_cached,
-                                                s.block_table, 1))
+                    start = s.num_draft_cached
+                    if self.runner.use_cuda_graphs and 0 <= len(s.token_ids) - 2 <= start:
+                        # Catch up on exactly 2 tokens (recomputing one cached K/V, same values)
+                        # so every decode step has one shape and replays one graph.
+                        start = len(s.token_ids) - 2
+                    chunks.append(SequenceChunk(s.token_ids[start:], start, s.block_table, 1))
                 else:
                     chunks.append(SequenceChunk([drafts[i][-1]], len(s.token_ids) + step - 1, s.block_table, 1))
             logits = self._forward(chunks)
