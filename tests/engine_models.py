@@ -11,7 +11,7 @@ VOCAB = 97  # awkward on purpose
 
 def save_tiny_llama(folder: Path, *, seed: int, num_layers: int = 2, hidden: int = 64, num_heads: int = 4,
                     num_kv_heads: int = 2, eos_token_id: int | None = None, rope_scaling: dict | None = None,
-                    tie: bool = False) -> Path:
+                    tie: bool = False, max_shard_size: str | None = None) -> Path:
     """Save a random ``transformers.LlamaForCausalLM`` (head_dim 16, vocab 97) to ``folder``."""
     import transformers
 
@@ -29,7 +29,7 @@ def save_tiny_llama(folder: Path, *, seed: int, num_layers: int = 2, hidden: int
         for name, param in model.named_parameters():
             if not name.endswith("norm.weight"):
                 param.normal_(0.0, 0.08)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     return folder
 
 

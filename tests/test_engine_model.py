@@ -19,7 +19,7 @@ from specops.engine.spec_decode import EngineConfig, SpecDecodeEngine
 
 DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else [])
 # (dtype, atol on logits): float32 differs from transformers in summation order only.
-TOLERANCES = [(torch.float32, 2e-5), (torch.bfloat16, 0.15)]
+TOLERANCES = [(torch.float32, 1e-4), (torch.bfloat16, 0.15)]
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +68,16 @@ def test_logits_match_transformers(target_dir, device, dtype, atol, expand):
         torch.testing.assert_close(logits, hf_logits(target_dir, seq), atol=atol, rtol=0)
 
 
-def test_llama3_rope_scaling_and_tied_embeddings_match_transformers(tmp_path):
+def test_llama3_rope_scaling_tied_embeddings_and_shards_match_transformers(tmp_path):
     rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-    folder = save_tiny_llama(tmp_path, seed=3, rope_scaling=rope, tie=True, num_kv_heads=1)
+    folder = save_tiny_llama(tmp_path, seed=3, rope_scaling=rope, tie=True, num_kv_heads=1, max_shard_size="40KB")
+    assert len(list(folder.glob("*.safetensors"))) > 1  # sharded checkpoints load too
     config = LlamaConfig.from_file(folder / "config.json")
     assert config.rope_scaling is not None and config.rope_scaling.factor == 8.0 and config.tie_word_embeddings
     seq = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(4)).tolist()
     [got] = paged_logits(folder, [seq], 30, "cpu", torch.float32, False)
-    torch.testing.assert_close(got, hf_logits(folder, seq), atol=2e-5, rtol=0)
+    torch.testing.assert_close(got, hf_logits(folder, seq), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
