@@ -154,3 +154,19 @@ def test_cuda_graph_replay_keeps_greedy_lossless(pair_dirs, proposer, k, scorer)
     assert engine.scorer.runner.num_graphs >= 1
     if proposer == "draft":
         assert engine.proposer.runner.num_graphs >= 1
+
+
+@pytest.mark.parametrize("proposer, k", [("draft", 3), ("ngram", 4)])
+def test_graph_shaped_steps_stay_lossless_on_cpu(pair_dirs, proposer, k):
+    """The step layout CUDA graphs use (verify windows padded to k + 1 with dummy drafts,
+    the draft catching up on exactly 2 tokens), run eagerly: still target-alone tokens."""
+    target, draft = models(pair_dirs)
+    requests = [Request(tuple(p), max_tokens=20) for p in prompts()]
+    expected, _, _ = run(target, requests, max_num_seqs=3)
+    engine = SpecDecodeEngine(target, EngineConfig(**CACHE, proposer=proposer, k=k, max_num_seqs=3), draft=draft)
+    runners = [engine.scorer.runner] + ([engine.proposer.runner] if proposer == "draft" else [])
+    for runner in runners:
+        runner.use_cuda_graphs, runner.max_graph_tokens = True, 0  # graph layout, eager execution
+    states = engine.generate(requests)
+    assert [s.output_token_ids for s in states] == expected
+    assert engine.metrics.num_accepted_tokens > 0

@@ -184,7 +184,7 @@ class SpecDecodeEngine:
             drafts, draft_probs = [[] for _ in states], None
         # With CUDA graphs, decode windows are padded to k + 1 so every step has one shape;
         # the padding rows' K/V lands past the sequence and is overwritten later.
-        pad = self.config.use_cuda_graphs and all(s.num_cached == len(s.token_ids) - 1 for s in states)
+        pad = self.scorer.runner.use_cuda_graphs and all(s.num_cached == len(s.token_ids) - 1 for s in states)
         chunks, draft_rows, bonus_rows, row = [], [], [], 0
         for s, d in zip(states, drafts):
             window = s.token_ids[s.num_cached:] + d + ([0] * (k - len(d)) if pad else [])
