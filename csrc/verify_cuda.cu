@@ -288,6 +288,7 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
   }
   int64_t fixed = 0;
   const Temperature temperature_scale(sp.temperature);
+#pragma unroll 4
   for (int64_t j = threadIdx.x; j < n; j += kThreads) {
     const float w = row_slice[j] >= kth ? weight(row_slice[j], max_logit, temperature_scale) : 0.f;
     row_slice[j] = w;
@@ -422,11 +423,12 @@ __global__ void __launch_bounds__(kThreads) verify_decide_kernel(
   const int64_t lo = min(rank * slice, vocab), hi = min(lo + slice, vocab);
   const bool vec = reinterpret_cast<uintptr_t>(row) % (4 * sizeof(scalar_t)) == 0;
   const Temperature temperature_scale(t);
-  // An upper bound of every score of the row: r <= p <= w (z2 >= 1: the argmax keeps
-  // weight 1), w <= a fast exp with margins, E >= v (E = -log(1 - v) >= v). Elements
-  // whose bound cannot beat the thread's best so far skip the exact p, q and E, which is
-  // exact: a skipped score is at most the best, and ties keep the earlier index.
+  // An upper bound of every score of the row: r <= p = w / z2, w <= a fast exp with
+  // margins, E >= v (E = -log(1 - v) >= v). Elements whose bound cannot beat the
+  // thread's best so far skip the exact p, q and E, which is exact: a skipped score is
+  // at most the best, and ties keep the earlier index.
   const float approx_inverse = st.max_logit == -INFINITY ? 0.f : __frcp_rn(t);
+  const float inverse_z2 = __frcp_rn(st.z2);  // z2 >= 1: the argmax keeps weight 1
   Slot best{-INFINITY, 0.f, INT64_MAX};
   for (int64_t base = lo + 4 * threadIdx.x; base < hi; base += 4 * kThreads * kUnroll) {
     float zs[kUnroll][4];  // kUnroll independent loads in flight per thread before any is used
@@ -441,8 +443,8 @@ __global__ void __launch_bounds__(kThreads) verify_decide_kernel(
       for (int j = 0; j < 4 && v + j < hi; ++j) {
         if (best.f > 0.f && st.max_logit != -INFINITY) {
           const float uniform = __fmul_rn(__fadd_rn(static_cast<float>(words.w[j]), 0.5f), 2.3283064365386963e-10f);
-          const float w_bound = __expf((z[j] - st.max_logit) * approx_inverse) * 1.001f + 1e-30f;
-          if (w_bound * 1.001f < best.f * uniform) continue;
+          const float p_bound = (__expf((z[j] - st.max_logit) * approx_inverse) * 1.001f + 1e-30f) * inverse_z2;
+          if (p_bound * 1.001f < best.f * uniform) continue;
         }
         const float p = processed_p(z[j], v + j, st, temperature_scale);
         float residual = p;
