@@ -17,7 +17,7 @@ from verify_inputs import make_inputs, select_requests
 
 import specops
 from specops.backend import Backend
-from specops.reference.verify import processed_probs
+from specops.reference.verify import accept_uniform, processed_probs
 from specops.reference.verify import verify as reference_verify
 
 # Every verify kernel present here.
@@ -132,6 +132,65 @@ def test_unvalidated_non_finite_logits_follow_the_documented_rule(device, backen
     inputs["target_logits"][3, 2] = float("-inf")
     inputs["bonus_logits"][2, :] = float("nan")
     assert_matches_reference(inputs, 3, device, backend, validate=False)
+
+
+def assert_tokens_match_reference(inputs, max_spec_len, device, backend):
+    """As assert_matches_reference, without log-probabilities: the path on which the Triton
+    kernel settles acceptance tests from approximate normalisers (verify_screen.py)."""
+    expected = reference_verify(**inputs, max_spec_len=max_spec_len)
+    got = specops.verify(*on(inputs, device).values(), max_spec_len, False, backend=backend)
+    for name, g, e in zip(("output_token_ids", "num_accepted"), got, expected):
+        assert torch.equal(g.cpu(), e), f"{name} differs:\n{g}\n{e}"
+
+
+@pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("ngram,with_top", [(False, False), (True, False), (False, True)],
+                         ids=["draft", "ngram", "draft-top"])
+def test_without_logprobs_matches_reference(device, backend, ngram, with_top):
+    inputs = make_inputs([3, 0, 5, 1, 2, 4], 120, seed=31, ngram=ngram, greedy_fraction=0.3, with_top=with_top)
+    assert_tokens_match_reference(inputs, 5, device, backend)
+
+
+@pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
+def test_acceptance_tests_at_the_boundary_match_reference(device, backend):
+    """Draft probs placed so that u q(x) lies within 4e-6 (relative) of p(x): just below at
+    step 0 (accept), just above at step 1 (reject). No approximate normaliser settles these
+    tests; the kernels must still agree with the reference."""
+    inputs = make_inputs([3, 3, 2], 64, seed=5, greedy_fraction=0.0, with_top=False)
+    cu = inputs["cu_num_draft_tokens"].tolist()
+    for b in range(len(cu)):
+        temperature = float(inputs["temperature"][b])
+        for i, factor in enumerate((1 - 4e-6, 1 + 4e-6)):
+            t = (cu[b - 1] if b > 0 else 0) + i
+            x = int(inputs["draft_token_ids"][t])
+            p_x = processed_probs(inputs["target_logits"][t], temperature, 0, 1.0)[x]
+            u = accept_uniform(int(inputs["seeds"][b]), int(inputs["positions"][b]) + i)
+            inputs["draft_probs"][t, x] = p_x / u * factor
+    assert reference_verify(**inputs, max_spec_len=3)[1].tolist() == [1, 1, 1]  # the construction held
+    assert_tokens_match_reference(inputs, 3, device, backend)
+    assert_matches_reference(inputs, 3, device, backend)
+
+
+TRITON_BACKENDS = [p for p in KERNEL_BACKENDS if p.values[1] is Backend.TRITON]
+
+
+@pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
+def test_triton_rows_split_across_programs(device, backend, with_top, monkeypatch):
+    """Tiny blocks: every row is cut into several programs (max/argmax, exact sums, threshold
+    counts) and the race row into 5, with ties across split boundaries (integer logits)."""
+    from specops.triton_kernels import verify as triton_verify
+
+    for name, value in (("BLOCK_V", 32), ("SEARCH_BLOCK_V", 32), ("MIN_SPLIT_LEN", 32), ("PROGRAMS_PER_SM", 16)):
+        monkeypatch.setattr(triton_verify, name, value)
+    inputs = make_inputs([2, 0, 3], 300, seed=8, greedy_fraction=0.0, with_top=with_top)
+    inputs["temperature"][0] = 0.0  # one greedy request: first argmax across splits
+    inputs["target_logits"] = (inputs["target_logits"] / 3).round()  # the max tied in several splits
+    inputs["bonus_logits"] = (inputs["bonus_logits"] * 2).round()
+    if with_top:  # the threshold searches; the screen is off with top-k/top-p
+        assert_matches_reference(inputs, 3, device, backend)
+    else:
+        assert_tokens_match_reference(inputs, 3, device, backend)
 
 
 GPU_BACKENDS = [p for p in KERNEL_BACKENDS if p.values[0] == "cuda"]

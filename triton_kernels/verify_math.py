@@ -1,0 +1,148 @@
+"""Device functions the fused ``verify`` kernels share: Philox4x32-10 (reference/philox.py)
+and exp/log/Exp(1) built from IEEE float32 operations (reference/repro_math.py), bit for
+bit, plus the per-element steps of the processed distribution (reference/verify.py).
+
+Every float operation is a separate rounded one: kernels using these are launched with
+enable_fp_fusion=False, and divisions are tl.math.div_rn (a plain float32 ``/`` lowers to
+the approximate div.full on the GPU).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FIXED_SCALE = tl.constexpr(1099511627776.0)  # 2^40: normaliser sums
+MASS_SCALE = tl.constexpr(4294967296.0)  # 2^32: top-p masses
+TOP_P_SCALE = tl.constexpr(16777216.0)  # 2^24: top_p and the acceptance uniform
+INDEX_MAX = tl.constexpr(2**31 - 1)
+
+
+@triton.jit
+def philox(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 on uint32 tensors; returns the four output words."""
+    for r in tl.static_range(10):
+        if r > 0:
+            k0 = k0 + 0x9E3779B9
+            k1 = k1 + 0xBB67AE85
+        hi0 = tl.umulhi(c0, 0xD2511F53)
+        lo0 = c0 * 0xD2511F53
+        hi1 = tl.umulhi(c2, 0xCD9E8D57)
+        lo1 = c2 * 0xCD9E8D57
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def philox_words(seed, position, purpose, block):
+    """Philox words of stream (seed, position, purpose) at counter index ``block`` (a tensor)."""
+    zero = block.to(tl.uint32) * 0
+    p_lo = (position & 0xFFFFFFFF).to(tl.uint32) + zero
+    p_hi = ((position >> 32) & 0xFFFFFFFF).to(tl.uint32) + zero
+    k_lo = (seed & 0xFFFFFFFF).to(tl.uint32) + zero
+    k_hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32) + zero
+    return philox(p_lo, p_hi, zero + purpose, block.to(tl.uint32), k_lo, k_hi)
+
+
+@triton.jit
+def race_word(seed, position, v):
+    """Word ``v % 4`` of block ``v // 4`` of the race stream (PURPOSE_SAMPLE = 1)."""
+    w0, w1, w2, w3 = philox_words(seed, position, 1, v // 4)
+    lane = v % 4
+    return tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
+
+
+@triton.jit
+def repro_exp(x):
+    y = x * 1.4426950408889634
+    n = tl.floor(y)
+    f = y - n
+    acc = f * 0.0 + 2.1651645511155948e-05
+    acc = acc * f + 0.00014299429312814027
+    acc = acc * f + 0.001342980656772852
+    acc = acc * f + 0.009613536298274994
+    acc = acc * f + 0.05550529062747955
+    acc = acc * f + 0.2402263581752777
+    acc = acc * f + 0.6931471824645996
+    acc = acc * f + 1.0
+    n_int = tl.maximum(n, -125.0).to(tl.int32)
+    out = acc * ((n_int + 127) << 23).to(tl.float32, bitcast=True)
+    return tl.where(y < -125.0, 0.0, out)
+
+
+@triton.jit
+def repro_log(u):
+    bits = u.to(tl.int32, bitcast=True)
+    e = (bits >> 23) - 127
+    m = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    big = m > 1.4142135
+    m = tl.where(big, m * 0.5, m)
+    e = tl.where(big, e + 1, e)
+    s = tl.math.div_rn(m - 1.0, m + 1.0)
+    s2 = s * s
+    acc = s2 * 0.0 + 2.0 / 9.0
+    acc = acc * s2 + 2.0 / 7.0
+    acc = acc * s2 + 2.0 / 5.0
+    acc = acc * s2 + 2.0 / 3.0
+    acc = acc * s2 + 2.0
+    return e.to(tl.float32) * 0.6931471805599453 + acc * s
+
+
+@triton.jit
+def repro_exponential(word):
+    v = (word.to(tl.float32) + 0.5) * 2.3283064365386963e-10
+    x = -v
+    s = tl.math.div_rn(x, 2.0 + x)
+    s2 = s * s
+    acc = s2 * 0.0 + 1.0 / 13.0
+    acc = acc * s2 + 1.0 / 11.0
+    acc = acc * s2 + 1.0 / 9.0
+    acc = acc * s2 + 1.0 / 7.0
+    acc = acc * s2 + 1.0 / 5.0
+    acc = acc * s2 + 1.0 / 3.0
+    acc = acc * s2 + 1.0
+    small = -((s * acc) * 2.0)
+    one_minus = 1.0 - v
+    large = -repro_log(tl.where(one_minus > 0.0, one_minus, 1.0))
+    large = tl.where(one_minus > 0.0, large, float("inf"))
+    return tl.where(v < 0.5, small, large)
+
+
+@triton.jit
+def log_prob(p):
+    """repro_log clamped to the smallest normal float (its domain)."""
+    return repro_log(tl.maximum(p, 1.1754943508222875e-38))
+
+
+@triton.jit
+def load_logits(row_ptr, v, mask):
+    """float32 logits, NaN and +-inf as -inf (probability 0); -inf where masked."""
+    z = tl.load(row_ptr + v, mask=mask, other=float("-inf")).to(tl.float32)
+    return tl.where(tl.abs(z) < float("inf"), z, float("-inf"))  # NaN compares false too
+
+
+@triton.jit
+def order_key(z):
+    """Order-preserving int32 key of a float."""
+    bits = z.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def from_order_key(key):
+    """The float whose order_key is ``key`` (int64 holding an int32 value)."""
+    bits = tl.where(key >= 0, key, key ^ 0x7FFFFFFF).to(tl.int32)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def weights(z, max_logit, temperature, kth):
+    """exp((z - max) / T) for z >= kth (top-k), else 0."""
+    return tl.where(z >= kth, repro_exp(tl.math.div_rn(z - max_logit, temperature)), 0.0)
+
+
+@triton.jit
+def probs(z, max_logit, temperature, kth, z1, p_min, z2):
+    """p_v after top-k, normalisation by z1, top-p (p >= p_min), renormalisation by z2."""
+    w = weights(z, max_logit, temperature, kth)
+    return tl.math.div_rn(tl.where(tl.math.div_rn(w, z1) >= p_min, w, 0.0), z2)

@@ -1,0 +1,135 @@
+"""The screen of the Triton ``verify``: acceptance decisions from approximate normalisers,
+so the exact fixed-point normaliser (a second pass over a row) is computed only for the
+rows that need it.
+
+Why it stays exact: p(x) = w(x) / z1 with z1 the exact fixed-point sum; the approximate
+sum from the max pass (verify_rows.py: row_approx_sum) is within 1e-4 of z1, relative,
+for every finite row: the exp arguments differ by a few float32 roundings of values
+<= 64 in magnitude (terms further down weigh < 2^-64 each), each exp2 by <= 2 ulp, the
+fixed-point truncation by <= vocab 2^-40 while z1 >= 1 (the max's weight is exactly 1),
+and the float32 sums by (blocks + splits + 10) ulp. A test is settled here only when
+u q(x) lies outside p'(x) (1 +- 2^-9), p' = w(x) / approximate sum: 20x that bound, so
+the exact test would give the same answer. Everything else, the rejected row's race and
+any row after an unsettled test, goes to the exact pass and decide_kernel.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .ragged import draft_range
+from .verify_math import TOP_P_SCALE, load_logits, philox_words, weights
+from .verify_rows import request_params, row_approx_sum, row_max_argmax
+
+MARGIN = tl.constexpr(0.001953125)  # 2^-9: the screen's relative band around p'(x)
+
+
+# Grid (batch,). Program b screens request b and marks, in need[b * width + i], the steps
+# whose exact normaliser the decisions need; resume[b] is the step decide_kernel starts
+# from (-1: the screen emitted everything). Greedy requests are settled here from the
+# argmax; requests with top-k, top-p or log-probabilities need every step exactly.
+# Plain random requests: surely accepted steps are emitted here; the first other step
+# (rejection, unsettled test or bonus) is marked, and after an unsettled test every later
+# step too. Bytes: one logit and one draft prob per screened step.
+@triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "num_splits"])
+def screen_kernel(
+    out_ptr,  # [batch, width] int32
+    num_accepted_ptr,  # [batch] int32
+    need_ptr,  # [batch * width] int8, written
+    resume_ptr,  # [batch] int32, written
+    part_max_ptr,  # [batch * width, num_splits] float32
+    part_arg_ptr,  # [batch * width, num_splits] int32
+    part_approx_ptr,  # [batch * width, num_splits] float32
+    target_ptr,  # [num_tokens, vocab]
+    bonus_ptr,  # [batch, vocab]
+    draft_ptr,  # [num_tokens] int32 | int64
+    draft_probs_ptr,  # [num_tokens, vocab] float32 (HAS_DRAFT_PROBS)
+    cu_ptr,  # [batch] int32
+    temperature_ptr,  # [batch] float32
+    top_k_ptr,  # [batch] int32
+    top_p_ptr,  # [batch] float32
+    seeds_ptr,  # [batch] int64
+    positions_ptr,  # [batch] int64
+    num_tokens,
+    vocab,
+    width,
+    num_splits,
+    HAS_DRAFT_PROBS: tl.constexpr,
+    HAS_TOP_K: tl.constexpr,
+    HAS_TOP_P: tl.constexpr,
+    RETURN_LOGPROBS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    b = tl.program_id(0)
+    temperature, uses_top_k, _top_k, uses_top_p, _top_p = request_params(
+        b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)
+    start, count = draft_range(cu_ptr, b, num_tokens, width - 1)
+    out_row = out_ptr + b.to(tl.int64) * width
+    need_row = need_ptr + b.to(tl.int64) * width
+    steps = tl.arange(0, BLOCK_W)
+    in_width = steps < width
+    resume = tl.zeros([], tl.int32)
+    if (uses_top_k | uses_top_p) | RETURN_LOGPROBS:  # every reachable step needs its exact normaliser
+        tl.store(need_row + steps, (steps <= count).to(tl.int8), mask=in_width)
+    elif temperature == 0.0:
+        tl.store(need_row + steps, tl.zeros([BLOCK_W], tl.int8), mask=in_width)
+        i = tl.zeros([], tl.int32)
+        done = tl.zeros([], tl.int32)
+        while done == 0:
+            _max_logit, token = row_max_argmax(part_max_ptr, part_arg_ptr, b * width + i, num_splits, BLOCK_S)
+            draft = tl.load(draft_ptr + start + i, mask=i < count, other=0).to(tl.int64)
+            tl.store(out_row + i, token)
+            done = ((i == count) | (draft != token)).to(tl.int32)
+            i += 1
+        tl.store(num_accepted_ptr + b, i - 1)
+        tl.store(out_row + steps, tl.full([BLOCK_W], -1, tl.int32), mask=in_width & (steps >= i))
+        resume = resume - 1
+    else:
+        tl.store(need_row + steps, tl.zeros([BLOCK_W], tl.int8), mask=in_width)
+        seed = tl.load(seeds_ptr + b)
+        position0 = tl.load(positions_ptr + b)
+        i = tl.zeros([], tl.int32)
+        resume = resume - 1
+        while resume < 0:
+            slot = b * width + i
+            is_bonus = i == count
+            if is_bonus:
+                resume = i
+                tl.store(need_row + i, 1)
+            else:
+                max_logit, _argmax = row_max_argmax(part_max_ptr, part_arg_ptr, slot, num_splits, BLOCK_S)
+                approx = row_approx_sum(part_max_ptr, part_approx_ptr, slot, num_splits, max_logit, temperature,
+                                        BLOCK_S)
+                t = start + i
+                draft = tl.load(draft_ptr + t).to(tl.int64)
+                in_vocab = (draft >= 0) & (draft < vocab)
+                x = tl.where(in_vocab, draft, 0)
+                z_x = tl.sum(load_logits(target_ptr + t.to(tl.int64) * vocab, x + tl.arange(0, 1),
+                                         x + tl.arange(0, 1) < vocab), axis=0)
+                p_approx = tl.math.div_rn(weights(z_x, max_logit, temperature, float("-inf")), approx)
+                lower = p_approx * (1.0 - MARGIN)
+                upper = p_approx * (1.0 + MARGIN)
+                # An approximate sum that cannot be right (a degenerate temperature): unsettled.
+                trusted = (approx >= 1.0 - MARGIN) & (approx < float("inf"))
+                lower = tl.where(trusted, lower, 0.0)
+                upper = tl.where(trusted, upper, float("inf"))
+                no_finite = max_logit == float("-inf")  # p = one-hot on token 0, exactly
+                lower = tl.where(no_finite, tl.where(x == 0, 1.0, 0.0), lower)
+                upper = tl.where(no_finite, tl.where(x == 0, 1.0, 0.0), upper)
+                q_x = 1.0
+                if HAS_DRAFT_PROBS:
+                    q_x = tl.load(draft_probs_ptr + t.to(tl.int64) * vocab + x, mask=in_vocab, other=0.0)
+                w0, _w1, _w2, _w3 = philox_words(seed, position0 + i, 0, tl.zeros([1], tl.int32))
+                u = tl.sum((w0 >> 8).to(tl.float32), axis=0) * (1.0 / TOP_P_SCALE)
+                possible = in_vocab & (q_x > 0.0)
+                if possible & (u * q_x < lower):
+                    tl.store(out_row + i, x.to(tl.int32))
+                else:
+                    resume = i
+                    sure_reject = ~possible | (u * q_x >= upper)
+                    tl.store(need_row + steps, tl.full([BLOCK_W], 1, tl.int8),
+                             mask=in_width & (steps >= i) & ((steps == i) | ~sure_reject) & (steps <= count))
+            i += 1
+    tl.store(resume_ptr + b, resume)
