@@ -5,8 +5,9 @@
 // Two launches, both in thread-block clusters of C CTAs that split one vocabulary row
 // (C = 1..16, chosen from V and the number of rows so that small batches fill the GPU):
 //
-// 1. Row statistics. Grid: B x (max_spec_len + 1) clusters, one per output slot (b, i):
-//    draft row i of request b, or its bonus row at i = num_drafts (slots past that exit).
+// 1. Row statistics. Grid: as many clusters as fit at once, each taking output slots (b, i)
+//    in turn: draft row i of request b, or its bonus row at i = num_drafts (slots past
+//    that are skipped); the next slot's slices are prefetched into L2 meanwhile.
 //    Each CTA copies its slice of the row into shared memory (sanitised to float32) while
 //    taking the max and argmax; the cluster combines them through distributed shared
 //    memory; then, from shared memory alone: the top-k threshold (a 32-step bisection
@@ -27,10 +28,13 @@
 #include <cuda_runtime.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <string>
 
 #include "check_messages.h"
@@ -218,28 +222,32 @@ __device__ __forceinline__ float processed_p(float z, int64_t v, const RowStats&
 __device__ __forceinline__ float log_prob(float p) { return repro::log(fmaxf(p, FLT_MIN)); }
 
 // ---------------------------------------------------------------------------------------
-// Pass 1: row statistics. Grid: (B x width) clusters of C CTAs x kThreads; dynamic shared
-// memory: one row slice of `slice` floats. Reads each target and bonus row once.
+// Pass 1: row statistics. Grid: persistent clusters of C CTAs x kThreads (as many as fit
+// at once), each taking output slots (b, i) in turn; dynamic shared memory: one row slice
+// of `slice` floats. Reads each target and bonus row once; while a cluster reduces and
+// computes one slot, the next slot's slices are prefetched into L2.
+
+// The logits row of slot (b, i): draft row i of request b, its bonus row at i = count,
+// null past it.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
-    const scalar_t* __restrict__ target,      // [T, V]
-    const scalar_t* __restrict__ bonus,       // [B, V]
-    TokenIds draft,                           // [T]
-    const int32_t* __restrict__ cu,           // [B]
-    const float* __restrict__ temperature,    // [B]
-    const int32_t* __restrict__ top_k,        // [B] or null
-    const float* __restrict__ top_p,          // [B] or null
-    RowStats* __restrict__ stats,             // [B, width]
-    int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice, bool greedy_needs_probs) {
-  extern __shared__ float row_slice[];  // [slice]: logits, then weights
-  __shared__ Slot warp_slots[kWarps], exchange[2], result;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int64_t rank = cluster.block_rank();
-  const int64_t slot = blockIdx.x / cluster.num_blocks();
+__device__ const scalar_t* slot_row(const scalar_t* target, const scalar_t* bonus, const int32_t* cu, int64_t slot,
+                                    int64_t num_tokens, int64_t vocab, int64_t width) {
   const int64_t b = slot / width, i = slot % width;
   const DraftRange r = draft_range(cu, b, num_tokens, width - 1);
-  if (i > r.count) return;  // the whole cluster leaves together
-  ClusterReducer reducer{warp_slots, exchange, &result, 0};
+  if (i > r.count) return nullptr;
+  return i < r.count ? target + (r.start + i) * vocab : bonus + b * vocab;
+}
+
+template <typename scalar_t>
+__device__ void row_stats_slot(
+    cg::cluster_group& cluster, ClusterReducer& reducer, float* row_slice, const scalar_t* target,
+    const scalar_t* bonus, TokenIds draft, const int32_t* cu, const float* temperature, const int32_t* top_k,
+    const float* top_p, RowStats* stats, int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice,
+    bool greedy_needs_probs, int64_t slot, int64_t next_slot) {
+  const int64_t rank = cluster.block_rank();
+  const int64_t b = slot / width, i = slot % width;
+  const DraftRange r = draft_range(cu, b, num_tokens, width - 1);
+  if (i > r.count) return;  // the whole cluster skips the slot together
   const SlotParams sp = slot_params(b, temperature, top_k, top_p);
   const scalar_t* row = i < r.count ? target + (r.start + i) * vocab : bonus + b * vocab;
   const int64_t lo = min(rank * slice, vocab), hi = min(lo + slice, vocab), n = hi - lo;
@@ -260,6 +268,15 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
       }
     }
   }
+  if (next_slot >= 0) {  // DRAM fetches the next slice while this one is reduced
+    const scalar_t* next = slot_row(target, bonus, cu, next_slot, num_tokens, vocab, width);
+    if (next != nullptr) {
+      const char* bytes = reinterpret_cast<const char*>(next + lo);
+      for (int64_t offset = 128 * threadIdx.x; offset < n * int64_t{sizeof(scalar_t)}; offset += 128 * kThreads) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(bytes + offset));
+      }
+    }
+  }
   const Slot top = reducer.reduce(cluster, best, MaxCombine{});
   const float max_logit = top.f;
   const int64_t argmax = max_logit == -INFINITY ? 0 : top.i;  // all -inf: token 0, like argmax
@@ -271,7 +288,6 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
       *out = RowStats{max_logit, static_cast<int32_t>(argmax), -INFINITY, 1.f, 0, 1.f,
                       token == 0 ? 1.f : 0.f, 0};  // no finite logit: all mass on token 0
     }
-    cluster.sync();  // peers may still read this CTA's exchange slots
     return;
   }
 
@@ -340,7 +356,31 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
   // The CTA whose slice holds the token stores its probability (row_slice holds the final
   // weights; a draft id outside the vocab is never read and rejects in pass 2).
   if (threadIdx.x == 0 && token >= lo && token < hi) out->p_token = repro::div(row_slice[token - lo], z2);
-  cluster.sync();
+}
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
+    const scalar_t* __restrict__ target,      // [T, V]
+    const scalar_t* __restrict__ bonus,       // [B, V]
+    TokenIds draft,                           // [T]
+    const int32_t* __restrict__ cu,           // [B]
+    const float* __restrict__ temperature,    // [B]
+    const int32_t* __restrict__ top_k,        // [B] or null
+    const float* __restrict__ top_p,          // [B] or null
+    RowStats* __restrict__ stats,             // [B, width]
+    int64_t num_slots, int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice, bool greedy_needs_probs) {
+  extern __shared__ float row_slice[];  // [slice]: logits, then weights
+  __shared__ Slot warp_slots[kWarps], exchange[2], result;
+  cg::cluster_group cluster = cg::this_cluster();
+  ClusterReducer reducer{warp_slots, exchange, &result, 0};
+  const int64_t num_clusters = gridDim.x / cluster.num_blocks();
+  for (int64_t slot = blockIdx.x / cluster.num_blocks(); slot < num_slots; slot += num_clusters) {
+    __syncthreads();  // every thread is done with the previous slot's slice
+    const int64_t next_slot = slot + num_clusters < num_slots ? slot + num_clusters : -1;
+    row_stats_slot(cluster, reducer, row_slice, target, bonus, draft, cu, temperature, top_k, top_p, stats,
+                   num_tokens, vocab, width, slice, greedy_needs_probs, slot, next_slot);
+  }
+  cluster.sync();  // peers may still read this CTA's exchange slots
 }
 
 // ---------------------------------------------------------------------------------------
@@ -497,6 +537,34 @@ void allow_large_clusters(Kernel kernel) {
                                       static_cast<int>(kMaxSliceBytes)));
 }
 
+// How many clusters of `cluster` CTAs fit on the GPU at once (cached per configuration):
+// the persistent grid of pass 1.
+template <typename Kernel>
+int64_t resident_clusters(Kernel kernel, int cluster, size_t smem, int device) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, size_t, int>, int64_t> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), cluster, smem, device);
+  auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(cluster));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  int count = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&count, kernel, &config));
+  TORCH_CHECK(count > 0, "no cluster of ", num(cluster), " CTAs with ", num(static_cast<int64_t>(smem)),
+              " bytes of shared memory fits on this GPU");
+  return cache[key] = count;
+}
+
 template <typename Kernel, typename... Args>
 void launch_clusters(Kernel kernel, int64_t clusters, int cluster, size_t smem, cudaStream_t stream,
                      Args... args) {
@@ -535,9 +603,13 @@ void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logi
   const int64_t slice = slice_for(s.vocab, cluster);
   const auto* target = static_cast<const scalar_t*>(target_logits.data_ptr());
   const auto* bonus = static_cast<const scalar_t*>(bonus_logits.data_ptr());
-  launch_clusters(verify_row_stats_kernel<scalar_t>, s.batch * s.width, cluster, slice * sizeof(float), stream,
-                  target, bonus, draft, cu, temperature, top_k, top_p, stats, s.num_tokens, s.vocab, s.width,
-                  slice, logprobs != nullptr);
+  const int64_t num_slots = s.batch * s.width;
+  const size_t smem = slice * sizeof(float);
+  const int64_t clusters = std::min<int64_t>(
+      num_slots, resident_clusters(verify_row_stats_kernel<scalar_t>, cluster, smem, target_logits.get_device()));
+  launch_clusters(verify_row_stats_kernel<scalar_t>, clusters, cluster, smem, stream, target, bonus, draft, cu,
+                  temperature, top_k, top_p, stats, num_slots, s.num_tokens, s.vocab, s.width, slice,
+                  logprobs != nullptr);
   launch_clusters(verify_decide_kernel<scalar_t>, s.batch, cluster, 0, stream, target, bonus, draft,
                   draft_probs, cu, temperature, seeds, positions, static_cast<const RowStats*>(stats), out,
                   num_accepted, logprobs, s.num_tokens, s.vocab, s.width, slice);
