@@ -68,9 +68,10 @@ def test_draft_equal_to_target_accepts_everything(pair_dirs):
     assert m.system_efficiency == pytest.approx(65 / (15 * 5))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("proposer", ["draft", "ngram"])
-def test_seeded_sampling_is_reproducible_and_batch_independent(pair_dirs, proposer):
-    target, draft = models(pair_dirs)
+def test_seeded_sampling_is_reproducible_and_batch_independent(pair_dirs, proposer, device):
+    target, draft = models(pair_dirs, device)
     sampling = [SamplingParams(temperature=0.9, seed=100 + i) for i in range(5)]
     requests = [Request(tuple(p), max_tokens=16, sampling=s) for p, s in zip(prompts(), sampling)]
     first, _, _ = run(target, requests, draft=draft, proposer=proposer, k=3)
