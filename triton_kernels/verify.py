@@ -47,7 +47,9 @@ from .verify_rows import (
 )
 from .verify_screen import screen_kernel
 
-BLOCK_V = 1024  # vocab entries per loop iteration of a row pass
+BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
+RACE_BLOCK_V = 1024  # the race keeps Philox state per element: fewer per iteration
+NUM_WARPS = 8
 SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
 PROGRAMS_PER_SM = 4
@@ -97,15 +99,20 @@ def verify(
     num_slots = batch * width
     split_len = split_len_for(num_slots, vocab, device)
     num_splits = triton.cdiv(vocab, split_len)
-    block_s = triton.next_power_of_2(num_splits)
+    # The exact normaliser: every reachable row with top-k/top-p/log-probabilities (the
+    # search partials share its split), else about one marked row per request.
+    exact_everywhere = has_top_k or has_top_p or return_logprobs
+    sum_split_len = split_len if exact_everywhere else split_len_for(batch, vocab, device)
+    sum_splits = triton.cdiv(vocab, sum_split_len)
+    block_s = triton.next_power_of_2(max(num_splits, sum_splits))
 
     def empty(*shape, dtype):
         return torch.empty(shape, dtype=dtype, device=device)
 
     part_max = empty(num_slots, num_splits, dtype=torch.float32)
     part_arg = empty(num_slots, num_splits, dtype=torch.int32)
-    part_sum = empty(num_slots, num_splits, dtype=torch.int64)
-    part_sum2 = empty(num_slots, num_splits, dtype=torch.int64) if has_top_p else part_sum
+    part_sum = empty(num_slots, sum_splits, dtype=torch.int64)
+    part_sum2 = empty(num_slots, sum_splits, dtype=torch.int64) if has_top_p else part_sum
     rounds = SEARCH_ROUNDS.value
     search_shapes = ((rounds, num_slots, 2), (rounds, num_slots, num_splits, NUM_CANDIDATES.value + 1))
     top_k_search = [empty(*s, dtype=torch.int64) for s in search_shapes] if has_top_k else [part_sum, part_sum]
@@ -120,10 +127,11 @@ def verify(
     exact = {"enable_fp_fusion": False}
 
     part_approx = empty(num_slots, num_splits, dtype=torch.float32)
-    row_max_kernel[grid](part_max, part_arg, part_approx, *rows, temperature, *sizes, BLOCK_V=BLOCK_V)
+    row_max_kernel[grid](part_max, part_arg, part_approx, *rows, temperature, *sizes, BLOCK_V=BLOCK_V,
+                         num_warps=NUM_WARPS)
     flags = {"HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_S": block_s}
-    search_block_v = min(SEARCH_BLOCK_V, BLOCK_V)
-    assert split_len % search_block_v == 0, "a split must hold whole search blocks"
+    # Powers of two: the smaller blocks divide every split (a multiple of BLOCK_V).
+    search_block_v, race_block_v = min(SEARCH_BLOCK_V, BLOCK_V), min(RACE_BLOCK_V, BLOCK_V)
     for search_round in range(rounds if has_top_k else 0):
         threshold_search_kernel[grid](*top_k_search, part_max, part_arg, *top_k_search, part_sum, *rows, *params,
                                       num_tokens, vocab, width, split_len, search_round, MODE=TOP_K_MODE,
@@ -137,19 +145,22 @@ def verify(
     screen_kernel[(batch,)](out, num_accepted, need, resume, part_max, part_arg, part_approx, *request,
                             BLOCK_W=triton.next_power_of_2(width), **request_flags, **exact)
     sums = (need, part_max, part_arg, *top_k_search, *top_p_search)
-    fixed_sum_kernel[grid](part_sum, *sums, part_sum, *rows, *params, *sizes, SECOND=False, BLOCK_V=BLOCK_V, **flags, **exact)
+    sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits)
+    fixed_sum_kernel[(num_slots, sum_splits)](part_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
+                                              BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, **flags, **exact)
     if has_top_p:
         for search_round in range(rounds):
             threshold_search_kernel[grid](*top_p_search, part_max, part_arg, *top_k_search, part_sum, *rows,
                                           *params, num_tokens, vocab, width, split_len, search_round,
                                           MODE=TOP_P_MODE, BLOCK_V=search_block_v, **flags, **exact)
-        fixed_sum_kernel[grid](part_sum2, *sums, part_sum, *rows, *params, *sizes, SECOND=True, BLOCK_V=BLOCK_V, **flags, **exact)
+        fixed_sum_kernel[(num_slots, sum_splits)](part_sum2, *sums, part_sum, *rows, *params, *sum_sizes,
+                                                  SECOND=True, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, **flags, **exact)
 
     race_float = empty(batch, RACE_FLOATS.value, dtype=torch.float32)
     race_int = empty(batch, RACE_INTS.value, dtype=torch.int64)
     decide_kernel[(batch,)](
         out, num_accepted, logprobs if return_logprobs else out, race_float, race_int, resume, part_max, part_arg,
-        part_sum, part_sum2, *top_k_search, *top_p_search, *request, **request_flags, **exact,
+        part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits, **request_flags, **exact,
     )
     race_split_len = split_len_for(batch, vocab, device)
     race_splits = triton.cdiv(vocab, race_split_len)
@@ -158,7 +169,7 @@ def verify(
     race_kernel[(batch, race_splits)](
         part_score, part_index, race_float, race_int, target_logits, bonus_logits,
         draft_probs_arg, cu_num_draft_tokens, seeds, num_tokens, vocab,
-        width, race_split_len, BLOCK_V=BLOCK_V, **exact,
+        width, race_split_len, BLOCK_V=race_block_v, num_warps=NUM_WARPS, **exact,
     )
     race_combine_kernel[(batch,)](
         out, logprobs if return_logprobs else out, part_score, part_index, race_float, race_int, *rows,

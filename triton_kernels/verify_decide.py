@@ -43,7 +43,7 @@ RACE_INTS = tl.constexpr(4)  # race_int row: step (-1: no race), mode, draft (-1
 # stop at the first rejection or the bonus step. The sampled token of a random stop is left
 # to the race: its parameters go to race_float/race_int.
 # Bytes: one logit (and one draft prob) per step, the partials of the slots walked.
-@triton.jit(do_not_specialize=["num_tokens", "vocab", "width"])
+@triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "num_splits", "sum_splits"])
 def decide_kernel(
     out_ptr,  # [batch, width] int32
     num_accepted_ptr,  # [batch] int32
@@ -53,8 +53,8 @@ def decide_kernel(
     resume_ptr,  # [batch] int32: first step to decide here (-1: none; verify_screen.py)
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
-    part_sum_ptr,  # [batch * width, num_splits] int64: z1 partials
-    part_sum2_ptr,  # [batch * width, num_splits] int64: z2 partials (HAS_TOP_P)
+    part_sum_ptr,  # [batch * width, sum_splits] int64: z1 partials
+    part_sum2_ptr,  # [batch * width, sum_splits] int64: z2 partials (HAS_TOP_P)
     top_k_state_ptr, top_k_agg_ptr, top_p_state_ptr, top_p_agg_ptr,  # searches (verify_rows.py)
     target_ptr,  # [num_tokens, vocab]
     bonus_ptr,  # [batch, vocab]
@@ -69,7 +69,8 @@ def decide_kernel(
     num_tokens,
     vocab,
     width,
-    num_splits,
+    num_splits,  # of the row max and search partials
+    sum_splits,  # of the normaliser partials
     HAS_DRAFT_PROBS: tl.constexpr,
     HAS_TOP_K: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
@@ -105,7 +106,7 @@ def decide_kernel(
         if greedy:
             token = argmax
             if RETURN_LOGPROBS:
-                z1 = row_fixed_sum(part_sum_ptr, slot, num_splits, BLOCK_S)
+                z1 = row_fixed_sum(part_sum_ptr, slot, sum_splits, BLOCK_S)
                 z_t = load_logits(row_ptr, token + tl.arange(0, 1), token + tl.arange(0, 1) < vocab)
                 p_t = tl.math.div_rn(weights(z_t, max_logit, 1.0, float("-inf")), z1)
                 log_p = tl.where(no_finite, 0.0, tl.sum(log_prob(p_t), axis=0))
@@ -116,13 +117,13 @@ def decide_kernel(
             if HAS_TOP_K:
                 kth = row_kth(top_k_state_ptr, top_k_agg_ptr, slot, num_slots, num_splits, uses_top_k, top_k,
                               max_logit, BLOCK_S)
-            z1 = row_fixed_sum(part_sum_ptr, slot, num_splits, BLOCK_S)
+            z1 = row_fixed_sum(part_sum_ptr, slot, sum_splits, BLOCK_S)
             p_min = tl.zeros([], tl.float32)
             z2 = z1
             if HAS_TOP_P:
                 p_min = row_p_min(top_p_state_ptr, top_p_agg_ptr, slot, num_slots, num_splits, uses_top_p, top_p,
                                   BLOCK_S)
-                z2 = tl.where(uses_top_p, row_fixed_sum(part_sum2_ptr, slot, num_splits, BLOCK_S), z1)
+                z2 = tl.where(uses_top_p, row_fixed_sum(part_sum2_ptr, slot, sum_splits, BLOCK_S), z1)
             x = tl.where(in_vocab, draft, 0)
             z_x = load_logits(row_ptr, x + tl.arange(0, 1), x + tl.arange(0, 1) < vocab)
             p_x = tl.sum(probs(z_x, max_logit, temperature, kth, z1, p_min, z2), axis=0)

@@ -314,13 +314,13 @@ def threshold_search_kernel(
         tl.store(out + NUM_CANDIDATES, tl.sum(total, axis=0))
 
 
-# Grid (batch * width, num_splits). Program (slot, s), for the slots the screen marked,
+# Grid (batch * width, sum_splits). Program (slot, s), for the slots the screen marked,
 # adds floor(w_v 2^40) over its split (int64, exact), w = exp((z - max) / T) after top-k
 # (SECOND: also top-p, p = w / z1 >= p_min). Greedy slots sum at T = 1 (log-probabilities).
 # Bytes: the marked rows once per launch (usually the one row per request that races).
-@triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "split_len"])
+@triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "split_len", "row_splits"])
 def fixed_sum_kernel(
-    part_sum_ptr,  # [batch * width, num_splits] int64, written
+    part_sum_ptr,  # [batch * width, sum_splits] int64, written
     need_ptr,  # [batch * width] int8: the slots whose exact normaliser the decisions need
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
@@ -328,7 +328,7 @@ def fixed_sum_kernel(
     top_k_agg_ptr,  # [SEARCH_ROUNDS, batch * width, num_splits, 17] int64
     top_p_state_ptr,  # (SECOND) as top_k_state_ptr
     top_p_agg_ptr,  # (SECOND) as top_k_agg_ptr
-    first_sum_ptr,  # (SECOND) [batch * width, num_splits] int64: z1 partials
+    first_sum_ptr,  # (SECOND) [batch * width, sum_splits] int64: z1 partials
     target_ptr,  # [num_tokens, vocab]
     bonus_ptr,  # [batch, vocab]
     cu_ptr,  # [batch] int32
@@ -338,7 +338,8 @@ def fixed_sum_kernel(
     num_tokens,
     vocab,
     width,
-    split_len,
+    split_len,  # this pass's split (sized for the rows expected to be marked)
+    row_splits,  # the split count of the row max and search partials
     SECOND: tl.constexpr,
     HAS_TOP_K: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
@@ -358,17 +359,17 @@ def fixed_sum_kernel(
     if SECOND:
         active = active & uses_top_p
     if active:
-        max_logit, _argmax = row_max_argmax(part_max_ptr, part_arg_ptr, slot, num_splits, BLOCK_S)
+        max_logit, _argmax = row_max_argmax(part_max_ptr, part_arg_ptr, slot, row_splits, BLOCK_S)
         temperature = tl.where(temperature == 0.0, 1.0, temperature)
         kth = tl.full([], float("-inf"), tl.float32)
         if HAS_TOP_K:
-            kth = row_kth(top_k_state_ptr, top_k_agg_ptr, slot, num_slots, num_splits, uses_top_k, top_k,
+            kth = row_kth(top_k_state_ptr, top_k_agg_ptr, slot, num_slots, row_splits, uses_top_k, top_k,
                           max_logit, BLOCK_S)
         z1 = tl.full([], 1.0, tl.float32)
         p_min = tl.zeros([], tl.float32)
         if SECOND:
             z1 = row_fixed_sum(first_sum_ptr, slot, num_splits, BLOCK_S)
-            p_min = row_p_min(top_p_state_ptr, top_p_agg_ptr, slot, num_slots, num_splits, uses_top_p, top_p,
+            p_min = row_p_min(top_p_state_ptr, top_p_agg_ptr, slot, num_slots, row_splits, uses_top_p, top_p,
                               BLOCK_S)
         total = tl.zeros([BLOCK_V], tl.int64)
         v_begin = split * split_len
