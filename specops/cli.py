@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"--- {total} tokens in {elapsed:.2f} s ({total / elapsed:.1f} tok/s); proposer {engine.config.proposer.value}, "
           f"k {engine.config.k}, scorer {engine.config.scorer.value}")
     if engine.config.k:
-        positions = " ".join(f"{a:.2f}" for a in m.per_position_acceptance)
+        positions = " ".join("-" if a is None else f"{a:.2f}" for a in m.per_position_acceptance)
         print(f"--- acceptance {m.acceptance_rate:.3f}, mean accepted length {m.mean_accepted_length:.2f}, "
               f"system efficiency {m.system_efficiency:.3f}, per position [{positions}]"
               + (f"; {GREEN}green{RESET}: accepted drafts" if color else ""))

@@ -13,7 +13,7 @@ class SpecDecodeMetrics:
     - mean accepted length: tokens emitted per request-step (accepted drafts + 1);
     - system efficiency: emitted / (request-steps * (k + 1)), 1 when every step emits k + 1;
     - per-position acceptance: of the request-steps with a draft at position j, the share
-      whose draft j was accepted.
+      whose draft j was accepted (None where none had one).
     """
 
     k: int
@@ -58,15 +58,16 @@ class SpecDecodeMetrics:
         return self.num_emitted_tokens / max(self.num_request_steps * (self.k + 1), 1)
 
     @property
-    def per_position_acceptance(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafts_per_position)]
+    def per_position_acceptance(self) -> list[float | None]:
+        """Per draft position; None where no request-step had a draft there."""
+        return [a / d if d else None for a, d in zip(self.accepted_per_position, self.drafts_per_position)]
 
     def summary(self) -> dict[str, float | list[float]]:
         return {
             "acceptance_rate": round(self.acceptance_rate, 4),
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "system_efficiency": round(self.system_efficiency, 4),
-            "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
+            "per_position_acceptance": [None if x is None else round(x, 4) for x in self.per_position_acceptance],
             "num_steps": self.num_steps,
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
