@@ -192,20 +192,6 @@ def row_max_kernel(
 
 
 @triton.jit
-def row_approx_sum(part_max_ptr, part_approx_ptr, slot, num_splits, max_logit, temperature,
-                   BLOCK_S: tl.constexpr):
-    """Approximate normaliser sum_v exp((z_v - max) / T) of a slot from the split partials:
-    within 1e-4 relative of the exact fixed-point one for finite rows (verify_decide.py)."""
-    s = tl.arange(0, BLOCK_S)
-    offset = slot.to(tl.int64) * num_splits + s
-    split_max = tl.load(part_max_ptr + offset, mask=s < num_splits, other=float("-inf"))
-    split_sum = tl.load(part_approx_ptr + offset, mask=s < num_splits, other=0.0)
-    scale = 1.4426950408889634 / temperature
-    factor = tl.where(split_max == float("-inf"), 0.0, tl.exp2((split_max - max_logit) * scale))
-    return tl.sum(split_sum * factor, axis=0)
-
-
-@triton.jit
 def row_kth(state_ptr, agg_ptr, slot, num_slots, num_splits, uses_top_k, top_k, max_logit, BLOCK_S: tl.constexpr):
     """The top-k threshold of a slot once its search is done (-inf without top-k)."""
     kth = tl.full([], float("-inf"), tl.float32)

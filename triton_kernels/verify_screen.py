@@ -3,7 +3,7 @@ so the exact fixed-point normaliser (a second pass over a row) is computed only 
 rows that need it.
 
 Why it stays exact: p(x) = w(x) / z1 with z1 the exact fixed-point sum; the approximate
-sum from the max pass (verify_rows.py: row_approx_sum) is within 1e-4 of z1, relative,
+sum from the max pass (verify_rows.py: row_max_kernel) is within 1e-4 of z1, relative,
 for every finite row: the exp arguments differ by a few float32 roundings of values
 <= 64 in magnitude (terms further down weigh < 2^-64 each), each exp2 by <= 2 ulp, the
 fixed-point truncation by <= vocab 2^-40 while z1 >= 1 (the max's weight is exactly 1),
@@ -19,10 +19,28 @@ import triton
 import triton.language as tl
 
 from .ragged import draft_range
-from .verify_math import TOP_P_SCALE, load_logits, philox_words, weights
-from .verify_rows import request_params, row_approx_sum, row_max_argmax
+from .verify_math import INDEX_MAX, TOP_P_SCALE, load_logits, philox_words, weights
+from .verify_rows import request_params
 
 MARGIN = tl.constexpr(0.001953125)  # 2^-9: the screen's relative band around p'(x)
+
+
+@triton.jit
+def _step_stats(part_max_ptr, part_arg_ptr, part_approx_ptr, slots, reachable, num_splits, temperature,
+                BLOCK_S: tl.constexpr):
+    """Per step of one request: combined max logit, first argmax and approximate normaliser
+    (as row_max_argmax for a vector of slots; the sums as row_max_kernel's comment says)."""
+    s = tl.arange(0, BLOCK_S)
+    offset = slots.to(tl.int64)[:, None] * num_splits + s[None, :]
+    mask = reachable[:, None] & (s < num_splits)[None, :]
+    split_max = tl.load(part_max_ptr + offset, mask=mask, other=float("-inf"))
+    split_arg = tl.load(part_arg_ptr + offset, mask=mask, other=INDEX_MAX)
+    split_sum = tl.load(part_approx_ptr + offset, mask=mask, other=0.0)
+    best = tl.max(split_max, axis=1)
+    argmax = tl.min(tl.where(split_max == best[:, None], split_arg, INDEX_MAX), axis=1)
+    factor = tl.where(split_max == float("-inf"), 0.0,
+                      tl.exp2((split_max - best[:, None]) * (1.4426950408889634 / temperature)))
+    return best, argmax, tl.sum(split_sum * factor, axis=1)
 
 
 # Grid (batch,). Program b screens request b and marks, in need[b * width + i], the steps
@@ -31,7 +49,7 @@ MARGIN = tl.constexpr(0.001953125)  # 2^-9: the screen's relative band around p'
 # argmax; requests with top-k, top-p or log-probabilities need every step exactly.
 # Plain random requests: surely accepted steps are emitted here; the first other step
 # (rejection, unsettled test or bonus) is marked, and after an unsettled test every later
-# step too. Bytes: one logit and one draft prob per screened step.
+# step too. Bytes: one logit and one draft prob per step, the partials of every step.
 @triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "num_splits"])
 def screen_kernel(
     out_ptr,  # [batch, width] int32
@@ -70,66 +88,49 @@ def screen_kernel(
     need_row = need_ptr + b.to(tl.int64) * width
     steps = tl.arange(0, BLOCK_W)
     in_width = steps < width
+    reachable = steps <= count
     resume = tl.zeros([], tl.int32)
     if (uses_top_k | uses_top_p) | RETURN_LOGPROBS:  # every reachable step needs its exact normaliser
-        tl.store(need_row + steps, (steps <= count).to(tl.int8), mask=in_width)
-    elif temperature == 0.0:
-        tl.store(need_row + steps, tl.zeros([BLOCK_W], tl.int8), mask=in_width)
-        i = tl.zeros([], tl.int32)
-        done = tl.zeros([], tl.int32)
-        while done == 0:
-            _max_logit, token = row_max_argmax(part_max_ptr, part_arg_ptr, b * width + i, num_splits, BLOCK_S)
-            draft = tl.load(draft_ptr + start + i, mask=i < count, other=0).to(tl.int64)
-            tl.store(out_row + i, token)
-            done = ((i == count) | (draft != token)).to(tl.int32)
-            i += 1
-        tl.store(num_accepted_ptr + b, i - 1)
-        tl.store(out_row + steps, tl.full([BLOCK_W], -1, tl.int32), mask=in_width & (steps >= i))
-        resume = resume - 1
+        tl.store(need_row + steps, reachable.to(tl.int8), mask=in_width)
     else:
+        # All steps at once (a few dependent loads in all, not a few per step).
         tl.store(need_row + steps, tl.zeros([BLOCK_W], tl.int8), mask=in_width)
-        seed = tl.load(seeds_ptr + b)
-        position0 = tl.load(positions_ptr + b)
-        i = tl.zeros([], tl.int32)
-        resume = resume - 1
-        while resume < 0:
-            slot = b * width + i
-            is_bonus = i == count
-            if is_bonus:
-                resume = i
-                tl.store(need_row + i, 1)
-            else:
-                max_logit, _argmax = row_max_argmax(part_max_ptr, part_arg_ptr, slot, num_splits, BLOCK_S)
-                approx = row_approx_sum(part_max_ptr, part_approx_ptr, slot, num_splits, max_logit, temperature,
-                                        BLOCK_S)
-                t = start + i
-                draft = tl.load(draft_ptr + t).to(tl.int64)
-                in_vocab = (draft >= 0) & (draft < vocab)
-                x = tl.where(in_vocab, draft, 0)
-                z_x = tl.sum(load_logits(target_ptr + t.to(tl.int64) * vocab, x + tl.arange(0, 1),
-                                         x + tl.arange(0, 1) < vocab), axis=0)
-                p_approx = tl.math.div_rn(weights(z_x, max_logit, temperature, float("-inf")), approx)
-                lower = p_approx * (1.0 - MARGIN)
-                upper = p_approx * (1.0 + MARGIN)
-                # An approximate sum that cannot be right (a degenerate temperature): unsettled.
-                trusted = (approx >= 1.0 - MARGIN) & (approx < float("inf"))
-                lower = tl.where(trusted, lower, 0.0)
-                upper = tl.where(trusted, upper, float("inf"))
-                no_finite = max_logit == float("-inf")  # p = one-hot on token 0, exactly
-                lower = tl.where(no_finite, tl.where(x == 0, 1.0, 0.0), lower)
-                upper = tl.where(no_finite, tl.where(x == 0, 1.0, 0.0), upper)
-                q_x = 1.0
-                if HAS_DRAFT_PROBS:
-                    q_x = tl.load(draft_probs_ptr + t.to(tl.int64) * vocab + x, mask=in_vocab, other=0.0)
-                w0, _w1, _w2, _w3 = philox_words(seed, position0 + i, 0, tl.zeros([1], tl.int32))
-                u = tl.sum((w0 >> 8).to(tl.float32), axis=0) * (1.0 / TOP_P_SCALE)
-                possible = in_vocab & (q_x > 0.0)
-                if possible & (u * q_x < lower):
-                    tl.store(out_row + i, x.to(tl.int32))
-                else:
-                    resume = i
-                    sure_reject = ~possible | (u * q_x >= upper)
-                    tl.store(need_row + steps, tl.full([BLOCK_W], 1, tl.int8),
-                             mask=in_width & (steps >= i) & ((steps == i) | ~sure_reject) & (steps <= count))
-            i += 1
+        max_logit, argmax, approx = _step_stats(part_max_ptr, part_arg_ptr, part_approx_ptr, b * width + steps,
+                                                reachable, num_splits, temperature, BLOCK_S)
+        is_draft = steps < count
+        t = start + steps
+        draft = tl.load(draft_ptr + t, mask=is_draft, other=-1).to(tl.int64)
+        if temperature == 0.0:
+            match = is_draft & (draft == argmax)
+            stop = tl.min(tl.where(match, BLOCK_W, steps), axis=0)  # first mismatch or the bonus step
+            tl.store(out_row + steps, tl.where(steps <= stop, argmax, -1), mask=in_width)
+            tl.store(num_accepted_ptr + b, stop)
+            resume = resume - 1
+        else:
+            in_vocab = is_draft & (draft >= 0) & (draft < vocab)
+            x = tl.where(in_vocab, draft, 0)
+            z_x = load_logits(target_ptr + t.to(tl.int64) * vocab, x, in_vocab)
+            p_approx = tl.math.div_rn(weights(z_x, max_logit, temperature, float("-inf")), approx)
+            # An approximate sum that cannot be right (a degenerate temperature): unsettled.
+            trusted = (approx >= 1.0 - MARGIN) & (approx < float("inf"))
+            lower = tl.where(trusted, p_approx * (1.0 - MARGIN), 0.0)
+            upper = tl.where(trusted, p_approx * (1.0 + MARGIN), float("inf"))
+            no_finite = max_logit == float("-inf")  # p = one-hot on token 0, exactly
+            lower = tl.where(no_finite, tl.where(x == 0, 1.0, 0.0), lower)
+            upper = tl.where(no_finite, tl.where(x == 0, 1.0, 0.0), upper)
+            q_x = tl.full([BLOCK_W], 1.0, tl.float32)
+            if HAS_DRAFT_PROBS:
+                q_x = tl.load(draft_probs_ptr + t.to(tl.int64) * vocab + x, mask=in_vocab, other=0.0)
+            seed = tl.load(seeds_ptr + b)
+            position = tl.load(positions_ptr + b) + steps
+            w0, _w1, _w2, _w3 = philox_words(seed, position, 0, tl.zeros([BLOCK_W], tl.int32))
+            scaled = (w0 >> 8).to(tl.float32) * (1.0 / TOP_P_SCALE) * q_x  # u q(x), as the exact test
+            possible = in_vocab & (q_x > 0.0)
+            stop = tl.min(tl.where(possible & (scaled < lower), BLOCK_W, steps), axis=0)
+            sure_reject = ~possible | (scaled >= upper)
+            unsettled = tl.sum(((steps == stop) & is_draft & ~sure_reject).to(tl.int32), axis=0) > 0
+            tl.store(out_row + steps, x.to(tl.int32), mask=steps < stop)
+            marked = (steps == stop) | (unsettled & (steps > stop) & reachable)
+            tl.store(need_row + steps, marked.to(tl.int8), mask=in_width)
+            resume = stop
     tl.store(resume_ptr + b, resume)
