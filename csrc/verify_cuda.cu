@@ -52,6 +52,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxCluster = 16;
 constexpr int kUnroll = 8;  // groups of 4 logits loaded per thread before use
+constexpr int kRaceUnroll = 4;  // the same in the race, which holds more state per thread
 constexpr int64_t kMaxSliceBytes = 96 * 1024;  // shared-memory slice of a row per CTA
 constexpr float kFixedScale = 1099511627776.0f;  // 2^40: normaliser sums
 constexpr float kMassScale = 4294967296.0f;      // 2^32: top-p masses
@@ -86,6 +87,13 @@ struct MaxCombine {
 struct SumCombine {
   static __device__ Slot identity() { return Slot{0.f, 0.f, 0}; }
   __device__ Slot operator()(const Slot& a, const Slot& b) const { return Slot{0.f, 0.f, a.i + b.i}; }
+};
+
+// An element of the race whose score bound could beat the warp's best: evaluated exactly.
+struct Candidate {
+  int64_t index;
+  uint32_t word;  // its Philox word (the Exp(1) draw)
+  float z;        // its sanitised logit
 };
 
 struct SlotParams {
@@ -387,7 +395,7 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
 // Pass 2: decisions and the race. Grid: B clusters of C CTAs x kThreads. Moves a few
 // bytes per draft, plus one logits row (and its draft-probs row) per random request.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads) verify_decide_kernel(
+__global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
     const scalar_t* __restrict__ target,      // [T, V]
     const scalar_t* __restrict__ bonus,       // [B, V]
     TokenIds draft,                           // [T]
@@ -402,6 +410,7 @@ __global__ void __launch_bounds__(kThreads) verify_decide_kernel(
     float* __restrict__ logprobs,             // [B, width] or null
     int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice) {
   __shared__ Slot warp_slots[kWarps], exchange[2], result;
+  __shared__ Candidate candidates[kWarps][64];  // per warp: at most 31 left over + 32 new
   __shared__ int64_t chosen_shared;
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t rank = cluster.block_rank();
@@ -464,40 +473,66 @@ __global__ void __launch_bounds__(kThreads) verify_decide_kernel(
   const bool vec = reinterpret_cast<uintptr_t>(row) % (4 * sizeof(scalar_t)) == 0;
   const Temperature temperature_scale(t);
   // An upper bound of every score of the row: r <= p = w / z2, w <= a fast exp with
-  // margins, E >= v (E = -log(1 - v) >= v). Elements whose bound cannot beat the
-  // thread's best so far skip the exact p, q and E, which is exact: a skipped score is
-  // at most the best, and ties keep the earlier index.
-  const float approx_inverse = st.max_logit == -INFINITY ? 0.f : __frcp_rn(t);
+  // margins, E >= v (E = -log(1 - v) >= v). An element whose bound is below the warp's
+  // best score so far cannot win (strictly, so ties cannot be lost) and skips the exact p,
+  // q and E. The rest queue per warp and are evaluated 32 at a time, one per lane, so the
+  // exact path runs dense instead of once per element for a single lane.
+  const bool bounded = st.max_logit != -INFINITY;
+  const float approx_inverse = bounded ? __frcp_rn(t) : 0.f;
   const float inverse_z2 = __frcp_rn(st.z2);  // z2 >= 1: the argmax keeps weight 1
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  Candidate* queue = candidates[warp];
+  int queued = 0;       // warp-uniform
+  float warp_best = -INFINITY;  // warp-uniform: the best score any lane has seen
   Slot best{-INFINITY, 0.f, INT64_MAX};
-  for (int64_t base = lo + 4 * threadIdx.x; base < hi; base += 4 * kThreads * kUnroll) {
-    float zs[kUnroll][4];  // kUnroll independent loads in flight per thread before any is used
+  auto evaluate = [&](int count) {  // the first `count` queued candidates, one per lane
+    if (lane < count) {
+      const Candidate c = queue[lane];
+      const float p = processed_p(c.z, c.index, st, temperature_scale);
+      float residual = p;
+      if (q != nullptr) {
+        residual = repro::sub(p, q[c.index]);
+      } else if (rejected && c.index == rejected_token) {
+        residual = 0.f;
+      }
+      best = MaxCombine{}(best, Slot{race_score(residual, repro::exponential(c.word)), p, c.index});
+    }
+    float m = best.f;
+    for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
+    warp_best = m;
+  };
+  // Tiles are CTA-uniform, so every lane of a warp runs the same iterations (ballots).
+  for (int64_t tile = lo; tile < hi; tile += 4 * kThreads * kRaceUnroll) {
+    float zs[kRaceUnroll][4];  // kRaceUnroll independent loads in flight per thread before any is used
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) load4(row, base + 4 * kThreads * u, hi, vec, zs[u]);
+    for (int u = 0; u < kRaceUnroll; ++u) load4(row, tile + 4 * (threadIdx.x + kThreads * u), hi, vec, zs[u]);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = base + 4 * kThreads * u;
-      if (v >= hi) break;
-      const float* z = zs[u];
+    for (int u = 0; u < kRaceUnroll; ++u) {
+      const int64_t v = tile + 4 * (threadIdx.x + kThreads * u);
+      if (tile + 4 * kThreads * u >= hi) break;  // uniform: no lane of this CTA has work left
       const PhiloxWords words = philox_block(seed, race_position, kPurposeSample, static_cast<uint32_t>(v / 4));
-      for (int j = 0; j < 4 && v + j < hi; ++j) {
-        if (best.f > 0.f && st.max_logit != -INFINITY) {
+      for (int j = 0; j < 4; ++j) {
+        bool needed = v + j < hi;
+        if (needed && bounded && warp_best > 0.f) {
           const float uniform = __fmul_rn(__fadd_rn(static_cast<float>(words.w[j]), 0.5f), 2.3283064365386963e-10f);
-          const float p_bound = (__expf((z[j] - st.max_logit) * approx_inverse) * 1.001f + 1e-30f) * inverse_z2;
-          if (p_bound * 1.001f < best.f * uniform) continue;
+          const float p_bound = (__expf((zs[u][j] - st.max_logit) * approx_inverse) * 1.001f + 1e-30f) * inverse_z2;
+          needed = !(p_bound * 1.001f < warp_best * uniform);
         }
-        const float p = processed_p(z[j], v + j, st, temperature_scale);
-        float residual = p;
-        if (q != nullptr) {
-          residual = repro::sub(p, q[v + j]);
-        } else if (rejected && v + j == rejected_token) {
-          residual = 0.f;
+        const unsigned mask = __ballot_sync(0xFFFFFFFFu, needed);
+        if (needed) queue[queued + __popc(mask & ((1u << lane) - 1))] = Candidate{v + j, words.w[j], zs[u][j]};
+        queued += __popc(mask);
+        __syncwarp();
+        if (queued >= 32) {
+          evaluate(32);
+          __syncwarp();
+          if (lane < queued - 32) queue[lane] = queue[32 + lane];
+          queued -= 32;
+          __syncwarp();
         }
-        const float score = race_score(residual, repro::exponential(words.w[j]));
-        if (score > best.f) best = Slot{score, p, v + j};
       }
     }
   }
+  evaluate(queued);
   ClusterReducer reducer{warp_slots, exchange, &result, 0};
   const Slot winner = reducer.reduce(cluster, best, MaxCombine{});
   if (rank == 0 && threadIdx.x == 0) write_row(winner.i, winner.g);
