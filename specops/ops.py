@@ -384,15 +384,15 @@ def paged_attention(
     >>> out.shape
     torch.Size([3, 8, 64])
 
-    Backends: the CUDA kernel (float16/bfloat16, head dims 64/128/256, GQA groups up to
-    16: the default on CUDA tensors it covers, see ``cuda_paged_attention_covers``), the
-    Triton kernel (every case; the default on CUDA tensors for the rest), the C++ CPU
-    kernel and the reference. ``backend="cuda"`` outside that coverage raises an error
-    naming the argument.
+    Backends: the Triton kernel (every case; the default on CUDA tensors), the CUDA kernel
+    (float16/bfloat16, head dims 64/128/256, GQA groups up to 16, see
+    ``cuda_paged_attention_covers``; ``backend="cuda"`` outside that coverage raises an
+    error naming the argument), the C++ CPU kernel and the reference. The CUDA kernel is
+    not the default: on the H100 it measured slower than the Triton kernel at every
+    benchmark shape (bench/NOTES.md).
     """
     device = query.device
-    covered = backend is not None or cuda_paged_attention_covers(query, key_cache)
-    chosen = resolve(backend, device, op="paged_attention", missing=() if covered else NO_CUDA_KERNEL)
+    chosen = resolve(backend, device, op="paged_attention", missing=NO_CUDA_KERNEL if backend is None else ())
     if _should_validate(validate, device):
         _checks.validate_paged_attention_values(
             block_table, seq_lens, cu_query_lens, query.shape[0], key_cache.shape[1], key_cache.shape[0]
