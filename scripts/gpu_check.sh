@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# One lent-GPU session in a script: build, GPU tests, memcheck, benchmark. Logs go to
-# $OUT (the device tool's output folder) or ./gpu-logs. Usage:
-#   scripts/gpu_check.sh build test        # build, then the GPU tests
-#   scripts/gpu_check.sh memcheck bench    # compute-sanitizer run, then the benchmark
-# FlashInfer is installed from .whl/ when present (see bench/README.md).
+# One lent-GPU session in a script: build, GPU tests, memcheck, benchmarks. Logs and
+# benchmark results go to $OUT (the device tool's output folder) or ./gpu-logs. Usage:
+#   scripts/gpu_check.sh build test              # build, then every GPU test
+#   scripts/gpu_check.sh memcheck                # compute-sanitizer over the kernels' GPU tests
+#   scripts/gpu_check.sh bench-verify bench-attention bench-e2e bench-sampling
+#   scripts/gpu_check.sh build tests+memcheck bench   # what a full session runs
+# ATTENTION_QUICK=1 / E2E_QUICK=1 run only the key shapes of those benchmarks.
+# FlashInfer is installed from .whl/ when present (see bench/README.md); `build` also
+# compiles FlashInfer's benchmark kernels in the background (bench/flashinfer_warmup.py),
+# and the bench stages wait for that.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG="${OUT:-gpu-logs}"
@@ -13,32 +18,78 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
   export PYTHONPATH=/tmp/site FLASHINFER_CUDA_ARCH_LIST=9.0
 fi
+# pytest-xdist spreads the GPU tests over processes when it is installed.
+PARALLEL=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
+GPU_TESTS="tests/test_verify_ops.py tests/test_attention_ops.py tests/test_attention_triton.py
+  tests/test_attention_cuda.py tests/test_engine_model.py tests/test_engine_spec_decode.py
+  tests/test_engine_distribution.py tests/test_cli.py tests/test_sampling_ops.py tests/test_sampling_errors.py
+  tests/test_sampling_registration.py tests/test_sampling_distribution.py"
+WARMUP_PID=""
 status=0
-for stage in "$@"; do
-  echo "=== $stage"
+
+run_tests() {
+  # shellcheck disable=SC2086
+  python3 -m pytest -q -m gpu -p no:cacheprovider $PARALLEL --durations=15 $GPU_TESTS > "$LOG/gpu_tests.log" 2>&1
+  tail -25 "$LOG/gpu_tests.log"
+}
+
+run_memcheck() {
+  compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -k "not offsets and not hypothesis and not distribution and not laws and not full_size" \
+    tests/test_sampling_ops.py tests/test_sampling_errors.py tests/test_verify_ops.py tests/test_attention_cuda.py \
+    > "$LOG/memcheck.log" 2>&1
+  echo "memcheck exit $?" >> "$LOG/memcheck.log"
+  grep -E "ERROR SUMMARY|passed|failed|memcheck exit" "$LOG/memcheck.log" | tail -5
+}
+
+wait_warmup() {
+  if [ -n "$WARMUP_PID" ]; then wait "$WARMUP_PID"; WARMUP_PID=""; tail -4 "$LOG/flashinfer_warmup.log"; fi
+}
+
+run_stage() {
+  local stage=$1
+  echo "=== $stage ($SECONDS s)"
   case "$stage" in
     build)
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$LOG/gpu.txt"
+      if [ -n "${PYTHONPATH:-}" ]; then
+        python3 bench/flashinfer_warmup.py > "$LOG/flashinfer_warmup.log" 2>&1 &
+        WARMUP_PID=$!
+      fi
       MAX_JOBS=16 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . \
         > "$LOG/build.log" 2>&1 || { tail -50 "$LOG/build.log"; exit 1; }
       python3 -m specops.info | tee "$LOG/info.txt"
       ;;
-    test)
-      python3 -m pytest -q -m gpu -p no:cacheprovider --durations=10 2>&1 | tee "$LOG/gpu_tests.log" | tail -25
-      python3 -m pytest -q -m "not gpu" -p no:cacheprovider 2>&1 | tee "$LOG/cpu_tests.log" | tail -3
+    test) run_tests ;;
+    memcheck) run_memcheck ;;
+    tests+memcheck)  # both at once: the sanitizer is slow and mostly CPU-bound
+      run_memcheck > "$LOG/memcheck.summary" &
+      run_tests
+      wait $!
+      cat "$LOG/memcheck.summary"
       ;;
-    memcheck)
-      compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-        python3 -m pytest -q -m gpu -p no:cacheprovider -k "not offsets and not hypothesis and not distribution" \
-        tests/test_sampling_ops.py tests/test_sampling_errors.py tests/test_sampling_registration.py tests/test_verify_ops.py \
-        > "$LOG/memcheck.log" 2>&1
-      echo "memcheck exit $?" | tee -a "$LOG/memcheck.log"
-      grep -E "ERROR SUMMARY|passed|failed" "$LOG/memcheck.log" | tail -5
+    bench-verify)
+      wait_warmup
+      python3 bench/bench_verify.py --out "$LOG" 2>&1 | tee "$LOG/bench_verify.log" | tail -60
+      ;;
+    bench-attention)
+      wait_warmup
+      python3 bench/bench_attention.py --out "$LOG" ${ATTENTION_QUICK:+--quick} 2>&1 | tee "$LOG/bench_attention.log" | tail -70
+      ;;
+    bench-e2e)
+      python3 bench/bench_e2e.py --out "$LOG" ${E2E_QUICK:+--quick} 2>&1 | tee "$LOG/bench_e2e.log" | tail -60
+      ;;
+    bench-sampling)
+      wait_warmup
+      python3 bench/bench_sampling.py --out "$LOG" 2>&1 | tee "$LOG/bench_sampling.log" | tail -60
       ;;
     bench)
-      python3 bench/bench_sampling.py --out "$LOG" 2>&1 | tee "$LOG/bench_sampling.log" | tail -60
+      for b in bench-verify bench-attention bench-e2e; do run_stage "$b"; done
       ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
-done
+}
+
+for stage in "$@"; do run_stage "$stage"; done
 exit $status
