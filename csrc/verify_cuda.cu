@@ -32,21 +32,20 @@
 #include <cfloat>
 #include <cstdint>
 #include <cstdlib>
-#include <map>
 #include <mutex>
-#include <tuple>
 #include <string>
 
 #include "check_messages.h"
+#include "cluster_launch.cuh"
+#include "cluster_reduce.cuh"
 #include "philox.h"
 #include "repro_math.h"
 #include "token_ids.h"
 #include "verify.h"
+#include "verify_math.cuh"
 
 namespace specops {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -54,40 +53,6 @@ constexpr int kMaxCluster = 16;
 constexpr int kUnroll = 8;  // groups of 4 logits loaded per thread before use
 constexpr int kRaceUnroll = 4;  // the same in the race, which holds more state per thread
 constexpr int64_t kMaxSliceBytes = 96 * 1024;  // shared-memory slice of a row per CTA
-constexpr float kFixedScale = 1099511627776.0f;  // 2^40: normaliser sums
-constexpr float kMassScale = 4294967296.0f;      // 2^32: top-p masses
-constexpr float kTopPScale = 16777216.0f;        // 2^24: top_p
-
-// What pass 1 leaves for pass 2, per output slot (b, i).
-struct RowStats {
-  float max_logit;     // max sanitised logit; -inf: no finite logit (all mass on token 0)
-  int32_t argmax;      // lowest index of the max
-  float kth;           // top-k threshold (keep z >= kth); -inf: off
-  float z1;            // fixed-point normaliser after top-k
-  uint32_t top_p_cut;  // keep v when bits(w_v / z1) >= cut; 0: off
-  float z2;            // final normaliser (z1 without top-p)
-  float p_token;       // p of the draft token (random), of the argmax at T = 1 (greedy)
-  int32_t unused;
-};
-
-// One reduction value: a float pair and an integer, enough for every reduction here.
-struct Slot {
-  float f;    // max: value; race: score
-  float g;    // race: p of the candidate
-  int64_t i;  // max / race: index (ties to the lowest); sums and counts
-};
-
-struct MaxCombine {
-  static __device__ Slot identity() { return Slot{-INFINITY, 0.f, INT64_MAX}; }
-  __device__ Slot operator()(const Slot& a, const Slot& b) const {
-    return (b.f > a.f || (b.f == a.f && b.i < a.i)) ? b : a;
-  }
-};
-
-struct SumCombine {
-  static __device__ Slot identity() { return Slot{0.f, 0.f, 0}; }
-  __device__ Slot operator()(const Slot& a, const Slot& b) const { return Slot{0.f, 0.f, a.i + b.i}; }
-};
 
 // An element of the race whose score bound could beat the warp's best: evaluated exactly.
 struct Candidate {
@@ -95,139 +60,6 @@ struct Candidate {
   uint32_t word;  // its Philox word (the Exp(1) draw)
   float z;        // its sanitised logit
 };
-
-struct SlotParams {
-  float temperature;  // 1 for greedy rows (their log-probabilities are at T = 1)
-  int64_t top_k;      // applied when 0 < top_k < V
-  float top_p;        // applied when < 1
-  bool greedy;
-};
-
-__device__ SlotParams slot_params(int64_t b, const float* temperature, const int32_t* top_k, const float* top_p) {
-  const float t = temperature[b];
-  if (t == 0.f) return SlotParams{1.f, 0, 1.f, true};
-  return SlotParams{t, top_k != nullptr ? top_k[b] : 0, top_p != nullptr ? top_p[b] : 1.f, false};
-}
-
-__device__ __forceinline__ float sanitise(float x) { return isfinite(x) ? x : -INFINITY; }
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-// Logits [v, v + 4) of a row (v % 4 == 0), sanitised; entries at or past `end` are -inf.
-// `vec`: the row is aligned for one 16-byte (float) or 8-byte (16-bit) load per group.
-template <typename scalar_t>
-__device__ __forceinline__ void load4(const scalar_t* row, int64_t v, int64_t end, bool vec, float out[4]) {
-  if (vec && v + 4 <= end) {
-    if constexpr (sizeof(scalar_t) == 4) {
-      const float4 x = *reinterpret_cast<const float4*>(row + v);
-      out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
-    } else {
-      const uint2 x = *reinterpret_cast<const uint2*>(row + v);
-      const scalar_t* h = reinterpret_cast<const scalar_t*>(&x);
-      for (int j = 0; j < 4; ++j) out[j] = to_float(h[j]);
-    }
-    for (int j = 0; j < 4; ++j) out[j] = sanitise(out[j]);
-    return;
-  }
-  for (int j = 0; j < 4; ++j) out[j] = v + j < end ? sanitise(to_float(row[v + j])) : -INFINITY;
-}
-
-// Monotone map of floats to unsigned keys (-0 just below +0).
-__device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ __forceinline__ float key_to_float(uint32_t key) {
-  return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
-}
-
-// floor(x * scale) as an integer (x * scale < 2^63): one rounding-down conversion.
-__device__ __forceinline__ int64_t fixed_point(float x, float scale) {
-  return __float2ll_rd(repro::mul(x, scale));
-}
-
-template <typename Combine>
-__device__ Slot warp_reduce(Slot s, Combine combine) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    Slot other;
-    other.f = __shfl_down_sync(0xFFFFFFFFu, s.f, offset);
-    other.g = __shfl_down_sync(0xFFFFFFFFu, s.g, offset);
-    other.i = __shfl_down_sync(0xFFFFFFFFu, s.i, offset);
-    s = combine(s, other);
-  }
-  return s;
-}
-
-// The CTAs of a cluster combine one value each into a result every thread receives.
-// Shared state: two exchange slots used alternately (a CTA rewrites a slot only after the
-// next cluster barrier, by which time every peer has read it) and one broadcast cell.
-struct ClusterReducer {
-  Slot* warp_slots;  // [kWarps]
-  Slot* exchange;    // [2]
-  Slot* result;      // [1]
-  int parity;
-
-  template <typename Combine>
-  __device__ Slot reduce(cg::cluster_group& cluster, Slot value, Combine combine) {
-    value = warp_reduce(value, combine);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) warp_slots[warp] = value;
-    __syncthreads();
-    if (warp == 0) {  // the CTA's value, then each peer's slot read by one lane at once
-      value = warp_reduce(lane < kWarps ? warp_slots[lane] : Combine::identity(), combine);
-      if (lane == 0) exchange[parity] = value;
-    }
-    cluster.sync();
-    if (warp == 0) {
-      const unsigned peers = cluster.num_blocks();
-      value = lane < peers ? *cluster.map_shared_rank(&exchange[parity], lane) : Combine::identity();
-      value = warp_reduce(value, combine);
-      if (lane == 0) *result = value;
-    }
-    parity ^= 1;
-    __syncthreads();
-    return *result;
-  }
-
-  __device__ int64_t sum(cg::cluster_group& cluster, int64_t value) {
-    return reduce(cluster, Slot{0.f, 0.f, value}, SumCombine{}).i;
-  }
-};
-
-// Division by the temperature. For a power of two T (T = 1 above all), x / T and
-// x * (1 / T) round the same real number, so the multiplication is exact too and far
-// cheaper than a correctly rounded division.
-struct Temperature {
-  float t;
-  float inverse;  // 1 / t when t is a power of two, else 0
-  __device__ explicit Temperature(float temperature) : t(temperature), inverse(0.f) {
-    const uint32_t bits = __float_as_uint(temperature);
-    const uint32_t exponent = (bits >> 23) & 0xFFu;
-    if ((bits & 0x807FFFFFu) == 0 && exponent >= 2 && exponent <= 253) inverse = __fdiv_rn(1.f, temperature);
-  }
-  __device__ __forceinline__ float scale(float x) const {
-    return inverse != 0.f ? repro::mul(x, inverse) : repro::div(x, t);
-  }
-};
-
-// The weight of a kept logit: exp((z - max) / T), the reference's two rounded steps.
-__device__ __forceinline__ float weight(float z, float max_logit, const Temperature& temperature) {
-  return repro::exp(temperature.scale(repro::sub(z, max_logit)));
-}
-
-// p_v under the processed distribution, from a row's statistics (pass 2's recomputation
-// of what pass 1 computed from shared memory; the same operations).
-__device__ __forceinline__ float processed_p(float z, int64_t v, const RowStats& st, const Temperature& temperature) {
-  if (st.max_logit == -INFINITY) return v == 0 ? 1.f : 0.f;
-  float w = z >= st.kth ? weight(z, st.max_logit, temperature) : 0.f;
-  if (st.top_p_cut != 0 && __float_as_uint(repro::div(w, st.z1)) < st.top_p_cut) w = 0.f;
-  return repro::div(w, st.z2);
-}
-
-__device__ __forceinline__ float log_prob(float p) { return repro::log(fmaxf(p, FLT_MIN)); }
 
 // ---------------------------------------------------------------------------------------
 // Pass 1: row statistics. Grid: persistent clusters of C CTAs x kThreads (as many as fit
@@ -248,7 +80,7 @@ __device__ const scalar_t* slot_row(const scalar_t* target, const scalar_t* bonu
 
 template <typename scalar_t>
 __device__ void row_stats_slot(
-    cg::cluster_group& cluster, ClusterReducer& reducer, float* row_slice, const scalar_t* target,
+    cg::cluster_group& cluster, ClusterReducer<kWarps>& reducer, float* row_slice, const scalar_t* target,
     const scalar_t* bonus, TokenIds draft, const int32_t* cu, const float* temperature, const int32_t* top_k,
     const float* top_p, RowStats* stats, int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice,
     bool greedy_needs_probs, int64_t slot, int64_t next_slot) {
@@ -380,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
   extern __shared__ float row_slice[];  // [slice]: logits, then weights
   __shared__ Slot warp_slots[kWarps], exchange[2], result;
   cg::cluster_group cluster = cg::this_cluster();
-  ClusterReducer reducer{warp_slots, exchange, &result, 0};
+  ClusterReducer<kWarps> reducer{warp_slots, exchange, &result, 0};
   const int64_t num_clusters = gridDim.x / cluster.num_blocks();
   for (int64_t slot = blockIdx.x / cluster.num_blocks(); slot < num_slots; slot += num_clusters) {
     __syncthreads();  // every thread is done with the previous slot's slice
@@ -533,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
     }
   }
   evaluate(queued);
-  ClusterReducer reducer{warp_slots, exchange, &result, 0};
+  ClusterReducer<kWarps> reducer{warp_slots, exchange, &result, 0};
   const Slot winner = reducer.reduce(cluster, best, MaxCombine{});
   if (rank == 0 && threadIdx.x == 0) write_row(winner.i, winner.g);
   cluster.sync();  // peers may still read this CTA's exchange slots
@@ -565,59 +397,6 @@ int64_t slice_for(int64_t vocab, int c) {
   return (slice + 7) / 8 * 8;  // 8-aligned starts keep every group of 4 in one slice
 }
 
-template <typename Kernel>
-void allow_large_clusters(Kernel kernel) {
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(kMaxSliceBytes)));
-}
-
-// How many clusters of `cluster` CTAs fit on the GPU at once (cached per configuration):
-// the persistent grid of pass 1.
-template <typename Kernel>
-int64_t resident_clusters(Kernel kernel, int cluster, size_t smem, int device) {
-  static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, size_t, int>, int64_t> cache;
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), cluster, smem, device);
-  auto found = cache.find(key);
-  if (found != cache.end()) return found->second;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(cluster));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  int count = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&count, kernel, &config));
-  TORCH_CHECK(count > 0, "no cluster of ", num(cluster), " CTAs with ", num(static_cast<int64_t>(smem)),
-              " bytes of shared memory fits on this GPU");
-  return cache[key] = count;
-}
-
-template <typename Kernel, typename... Args>
-void launch_clusters(Kernel kernel, int64_t clusters, int cluster, size_t smem, cudaStream_t stream,
-                     Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
-}
-
 template <typename scalar_t>
 void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logits, TokenIds draft,
                    const float* draft_probs, const int32_t* cu, const float* temperature, const int32_t* top_k,
@@ -629,8 +408,8 @@ void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logi
     const std::lock_guard<std::mutex> lock(mutex);
     const uint64_t bit = uint64_t{1} << (target_logits.get_device() % 64);
     if (!(configured & bit)) {
-      allow_large_clusters(verify_row_stats_kernel<scalar_t>);
-      allow_large_clusters(verify_decide_kernel<scalar_t>);
+      allow_large_clusters(verify_row_stats_kernel<scalar_t>, kMaxSliceBytes);
+      allow_large_clusters(verify_decide_kernel<scalar_t>, kMaxSliceBytes);
       configured |= bit;
     }
   }
@@ -641,11 +420,11 @@ void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logi
   const int64_t num_slots = s.batch * s.width;
   const size_t smem = slice * sizeof(float);
   const int64_t clusters = std::min<int64_t>(
-      num_slots, resident_clusters(verify_row_stats_kernel<scalar_t>, cluster, smem, target_logits.get_device()));
-  launch_clusters(verify_row_stats_kernel<scalar_t>, clusters, cluster, smem, stream, target, bonus, draft, cu,
+      num_slots, resident_clusters(verify_row_stats_kernel<scalar_t>, kThreads, cluster, smem, target_logits.get_device()));
+  launch_clusters(verify_row_stats_kernel<scalar_t>, clusters, cluster, kThreads, smem, stream, target, bonus, draft, cu,
                   temperature, top_k, top_p, stats, num_slots, s.num_tokens, s.vocab, s.width, slice,
                   logprobs != nullptr);
-  launch_clusters(verify_decide_kernel<scalar_t>, s.batch, cluster, 0, stream, target, bonus, draft,
+  launch_clusters(verify_decide_kernel<scalar_t>, s.batch, cluster, kThreads, 0, stream, target, bonus, draft,
                   draft_probs, cu, temperature, seeds, positions, static_cast<const RowStats*>(stats), out,
                   num_accepted, logprobs, s.num_tokens, s.vocab, s.width, slice);
 }
