@@ -178,7 +178,7 @@ TRITON_BACKENDS = [p for p in KERNEL_BACKENDS if p.values[1] is Backend.TRITON]
 @pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
 def test_triton_rows_split_across_programs(device, backend, with_top, monkeypatch):
     """Tiny blocks: every row is cut into 5 programs (max/argmax, threshold counts; exact
-    sums too with top-k/top-p) or 10 (exact sums without, the race), with ties across split
+    sums too with top-k/top-p) or 19 (exact sums without, the race), with ties across split
     boundaries (integer logits)."""
     from specops.triton_kernels import verify as triton_verify
 

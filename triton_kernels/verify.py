@@ -65,10 +65,12 @@ def _num_sms(device: torch.device) -> int:
 
 def split_len_for(num_rows: int, vocab: int, device: torch.device) -> int:
     """Vocab entries per program: about PROGRAMS_PER_SM programs per SM over ``num_rows``
-    rows, at least MIN_SPLIT_LEN entries each, a multiple of BLOCK_V."""
+    rows, at least MIN_SPLIT_LEN entries each, whole BLOCK_V blocks (split by blocks, so
+    B = 1 at V = 128256 gets 63 programs per row, not 32 of two blocks)."""
+    num_blocks = triton.cdiv(vocab, BLOCK_V)
     wanted = triton.cdiv(PROGRAMS_PER_SM * _num_sms(device), max(num_rows, 1))
-    num_splits = max(1, min(wanted, vocab // MIN_SPLIT_LEN))
-    return triton.cdiv(triton.cdiv(vocab, num_splits), BLOCK_V) * BLOCK_V
+    num_splits = max(1, min(wanted, num_blocks // max(1, MIN_SPLIT_LEN // BLOCK_V)))
+    return triton.cdiv(num_blocks, num_splits) * BLOCK_V
 
 
 def verify(
