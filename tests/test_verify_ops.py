@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import backend_params
+from conftest import backend_params, requires_gpu
 from distribution_harness import assert_follows
 from verify_inputs import make_inputs, select_requests
 
@@ -257,6 +257,7 @@ def test_gpu_every_cluster_size_matches_reference(device, backend, vocab, counts
 
 
 @pytest.mark.gpu
+@requires_gpu
 def test_gpu_vocab_past_the_cuda_kernel_runs_triton_by_default():
     vocab = specops.ops.CUDA_VERIFY_MAX_VOCAB + 8
     inputs = make_inputs([1, 0], vocab, seed=4, with_top=False)
