@@ -1,0 +1,81 @@
+"""The Triton verify kernels compile for sm_90 without a GPU, and the PTX of every kernel
+whose arithmetic must match the reference bit for bit has no fused multiply-add and no
+approximate division (reference/repro_math.py: one rounded float32 operation per step).
+row_max_kernel and screen_kernel divide approximately on purpose: their sums are
+approximate by design (triton_kernels/verify_screen.py says why that stays exact).
+Under TRITON_INTERPRET=1 (how the suite runs on CPU) @triton.jit makes interpreted
+functions, which cannot be compiled: the file then runs itself in a fresh process without
+the interpreter."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+from specops.triton_kernels import verify_decide, verify_rows, verify_screen
+from triton.backends.compiler import GPUTarget
+
+ROW_POINTERS = {"target_ptr": "*bf16", "bonus_ptr": "*bf16", "cu_ptr": "*i32", "part_arg_ptr": "*i32",
+                "draft_ptr": "*i64", "top_k_ptr": "*i32", "seeds_ptr": "*i64", "positions_ptr": "*i64",
+                "out_ptr": "*i32", "num_accepted_ptr": "*i32", "need_ptr": "*i8", "resume_ptr": "*i32",
+                "race_int_ptr": "*i64", "part_index_ptr": "*i32"}
+INT_POINTER_SUFFIXES = ("state_ptr", "agg_ptr", "sum_ptr", "sum2_ptr")
+SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_round", "num_splits", "sum_splits"}
+FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_LOGPROBS": True, "BLOCK_S": 64,
+         "BLOCK_W": 8}
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+CASES = [
+    ("row_max", verify_rows.row_max_kernel, {"BLOCK_V": 2048}, True),
+    ("screen", verify_screen.screen_kernel, {}, True),
+    ("top-k search", verify_rows.threshold_search_kernel, {"MODE": 0, "BLOCK_V": 256}, False),
+    ("top-p search", verify_rows.threshold_search_kernel, {"MODE": 1, "BLOCK_V": 256}, False),
+    ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048}, False),
+    ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
+    ("decide", verify_decide.decide_kernel, {}, False),
+    ("race", verify_decide.race_kernel, {"BLOCK_V": 1024}, False),
+    ("race combine", verify_decide.race_combine_kernel, {}, False),
+]
+
+
+def _signature(fn, constexprs: dict) -> dict:
+    signature = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in SCALARS:
+            signature[name] = "i32"
+        elif name in ROW_POINTERS:
+            signature[name] = ROW_POINTERS[name]
+        elif name.endswith(INT_POINTER_SUFFIXES):
+            signature[name] = "*i64"
+        else:
+            signature[name] = "*fp32"
+    return signature
+
+
+@pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
+@pytest.mark.parametrize("name,fn,constexprs,approximate", CASES, ids=[c[0] for c in CASES])
+def test_compiles_for_sm90_with_exact_arithmetic(name, fn, constexprs, approximate):
+    constexprs = {**{k: v for k, v in FLAGS.items() if k in fn.arg_names}, **constexprs}
+    source = triton.compiler.ASTSource(fn=fn, signature=_signature(fn, constexprs), constexprs=constexprs)
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                            options={"enable_fp_fusion": False, "num_warps": 8})
+    ptx = kernel.asm["ptx"]
+    assert not re.search(r"\bfma\.rn\.f32", ptx), f"{name}: a contracted multiply-add"
+    if not approximate:
+        assert not re.search(r"div\.(full|approx)\.f32", ptx), f"{name}: an approximate division"
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the compile tests above run in this process")
+def test_compiles_in_a_process_without_the_interpreter():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                            check=False, env=env,
+                            cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
