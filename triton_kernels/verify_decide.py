@@ -16,7 +16,8 @@ from .verify_math import (
     log_prob,
     philox_words,
     probs,
-    race_word,
+    race_score_bound,
+    race_words,
     repro_exponential,
     weights,
 )
@@ -170,6 +171,12 @@ def decide_kernel(
 # Grid (batch, num_splits). Program (b, s), when request b stopped on a random row, runs
 # the race argmax_v r_v / E_v over its split of that row (E_v: Exp(1) from Philox word v)
 # and writes its best score and the lowest index reaching it.
+# The exact score (three IEEE divisions for p, two in the reproducible Exp(1), one for the
+# score) costs ~5x an upper bound from fast hardware exp2/log2 (race_score_bound): each
+# block of BLOCK_V entries computes the bound, and the exact scores only when the bound
+# reaches the best exact score so far, so about ln(blocks per split) + 1 blocks per program
+# pay for the exact path. A skipped entry's exact score is strictly below one already
+# kept: the result is the exhaustive race's, bit for bit. One Philox call serves 4 entries.
 # Bytes: the chosen row (and its draft-probs row) once over all splits; nothing otherwise.
 @triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "split_len"])
 def race_kernel(
@@ -185,7 +192,7 @@ def race_kernel(
     num_tokens,
     vocab,
     width,
-    split_len,
+    split_len,  # a multiple of BLOCK_V
     BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -205,8 +212,14 @@ def race_kernel(
         z2 = tl.load(race_float + 5)
         seed = tl.load(seeds_ptr + b)
         row_ptr, start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, step.to(tl.int32), num_tokens, vocab,
-                                     width)
+                                          width)
         q_row_ptr = draft_probs_ptr + (start + step) * vocab
+        is_residual = mode == RACE_RESIDUAL
+        is_ngram = mode == RACE_NGRAM
+        # Scalars of the bound (approximate; race_score_bound's margin covers them).
+        log2e_over_t = tl.math.div_rn(1.4426950408889634, temperature)
+        inv_z1 = tl.math.div_rn(1.0, z1)
+        inv_z2 = tl.math.div_rn(1.0, z2)
         best = tl.full([BLOCK_V], float("-inf"), tl.float32)
         best_index = tl.zeros([BLOCK_V], tl.int32)
         v_begin = split * split_len
@@ -214,17 +227,17 @@ def race_kernel(
         while offset < split_len:
             v = v_begin + offset + tl.arange(0, BLOCK_V)
             in_row = v < vocab
-            p = probs(load_logits(row_ptr, v, in_row), max_logit, temperature, kth, z1, p_min, z2)
-            if mode == 1:
-                r = p - tl.load(q_row_ptr + v, mask=in_row, other=0.0)
-            elif mode == 2:
-                r = tl.where(v == draft, 0.0, p)
-            else:
-                r = p
-            score = tl.where(r > 0.0, tl.math.div_rn(r, repro_exponential(race_word(seed, position, v))), -1.0)
-            better = in_row & (score > best)
-            best = tl.where(better, score, best)
-            best_index = tl.where(better, v, best_index)
+            z = load_logits(row_ptr, v, in_row)
+            q = tl.load(q_row_ptr + v, mask=in_row & is_residual, other=0.0)  # 0: r = p - 0 = p exactly
+            exclude = is_ngram & (v == draft)
+            word = race_words(seed, position, v_begin + offset, BLOCK_V)
+            bound = race_score_bound(z, q, word, exclude, max_logit, log2e_over_t, kth, inv_z1, p_min, inv_z2)
+            if tl.max(tl.where(in_row, bound, float("-inf")), axis=0) >= tl.max(best, axis=0):
+                r = tl.where(exclude, 0.0, probs(z, max_logit, temperature, kth, z1, p_min, z2) - q)
+                score = tl.where(r > 0.0, tl.math.div_rn(r, repro_exponential(word)), -1.0)
+                better = in_row & (score > best)
+                best = tl.where(better, score, best)
+                best_index = tl.where(better, v, best_index)
             offset += BLOCK_V
         split_best = tl.max(best, axis=0)
         out = b.to(tl.int64) * tl.num_programs(1) + split

@@ -45,11 +45,14 @@ def philox_words(seed, position, purpose, block):
 
 
 @triton.jit
-def race_word(seed, position, v):
-    """Word ``v % 4`` of block ``v // 4`` of the race stream (PURPOSE_SAMPLE = 1)."""
-    w0, w1, w2, w3 = philox_words(seed, position, 1, v // 4)
-    lane = v % 4
-    return tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
+def race_words(seed, position, v_begin, BLOCK_V: tl.constexpr):
+    """Words ``v_begin .. v_begin + BLOCK_V - 1`` of the race stream (PURPOSE_SAMPLE = 1):
+    word v is word ``v % 4`` of Philox block ``v // 4``, so one Philox call serves four
+    vocab entries. ``v_begin`` is a multiple of 4."""
+    blocks = v_begin // 4 + tl.arange(0, BLOCK_V // 4)
+    w0, w1, w2, w3 = philox_words(seed, position, 1, blocks)
+    # join(join(w0, w2), join(w1, w3))[n, a, c] is word 2a + c of block n.
+    return tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK_V])
 
 
 @triton.jit
@@ -106,6 +109,36 @@ def repro_exponential(word):
     large = -repro_log(tl.where(one_minus > 0.0, one_minus, 1.0))
     large = tl.where(one_minus > 0.0, large, float("inf"))
     return tl.where(v < 0.5, small, large)
+
+
+# 1 +- 2^-12, over 6x the worst relative error of a step below (3.7e-5: the exponent
+# argument's roundings over |y| <= 125, the fast exp2, repro_exp's own error).
+BOUND_UP = tl.constexpr(1.000244140625)
+BOUND_DOWN = tl.constexpr(0.999755859375)
+# Exact scores below this involve subnormal probabilities (score <= p / E, E >= 2^-33),
+# where a fast path that flushed them could bound too low: every entry of positive weight
+# gets at least this bound.
+SCORE_FLOOR = tl.constexpr(1.1e-28)
+
+
+@triton.jit
+def race_score_bound(z, q, word, exclude, max_logit, log2e_over_t, kth, inv_z1, p_min, inv_z2):
+    """An upper bound of the exact race score ``div_rn(r, repro_exponential(word))`` (-1
+    where r <= 0) from the hardware's fast exp2 and log2. The exact path rounds every step
+    to float32 and its exp/log are within ~1e-5 relative of the true functions; the fast
+    ones are within ~1e-5 too (arguments up to 125 in magnitude), so a 2^-12 margin at each
+    step keeps the bound safe; rounding is monotone, so p_ub >= p gives
+    fl(p_ub - q) >= fl(p - q). E = -log(1 - v) >= v + v^2/2 + ... + v^5/5 on [0, 1); above 1/2,
+    1 - v is exact and the fast log2 is tight. ``inv_z1``, ``inv_z2``: 1 / normalisers."""
+    w = tl.where(z >= kth, tl.exp2((z - max_logit) * log2e_over_t) * BOUND_UP, 0.0)
+    p = tl.where(w * inv_z1 * BOUND_UP >= p_min, w * inv_z2 * BOUND_UP, 0.0)
+    r = tl.where(exclude, 0.0, p - q)
+    v = (word.to(tl.float32) + 0.5) * 2.3283064365386963e-10
+    e_large = tl.where(v >= 0.5, -tl.log2(1.0 - v) * 0.6931471805599453, 0.0)
+    e_small = v * (1.0 + v * (0.5 + v * (0.3333333 + v * (0.25 + v * 0.2))))  # within 1% below 1/2
+    e = tl.maximum(e_small, e_large) * BOUND_DOWN
+    bound = tl.where(r > 0.0, tl.math.div_rn(r, e) * BOUND_UP, -1.0)
+    return tl.where((w > 0.0) & ~exclude, tl.maximum(bound, SCORE_FLOOR), bound)
 
 
 @triton.jit
