@@ -38,7 +38,7 @@ CASES = [
     ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048}, False),
     ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
     ("decide", verify_decide.decide_kernel, {}, False),
-    ("race", verify_decide.race_kernel, {"BLOCK_V": 1024}, False),
+    ("race", verify_decide.race_kernel, {"BLOCK_V": 512}, False),
     ("race combine", verify_decide.race_combine_kernel, {}, False),
 ]
 

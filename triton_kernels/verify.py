@@ -48,7 +48,9 @@ from .verify_rows import (
 from .verify_screen import screen_kernel
 
 BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
-RACE_BLOCK_V = 1024  # the race keeps Philox state per element: fewer per iteration
+# The race is compute-bound (Philox, score bounds): 512-entry blocks (4 per thread) on 4
+# warps when its grid fills the SMs, on 8 when it does not (H100 sweep, bench/NOTES.md).
+RACE_BLOCK_V = 512
 NUM_WARPS = 8
 SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
@@ -168,10 +170,11 @@ def verify(
     race_splits = triton.cdiv(vocab, race_split_len)
     part_score = empty(batch, race_splits, dtype=torch.float32)
     part_index = empty(batch, race_splits, dtype=torch.int32)
+    race_warps = 4 if batch * race_splits >= _num_sms(device) else 8
     race_kernel[(batch, race_splits)](
         part_score, part_index, race_float, race_int, target_logits, bonus_logits,
         draft_probs_arg, cu_num_draft_tokens, seeds, num_tokens, vocab,
-        width, race_split_len, BLOCK_V=race_block_v, num_warps=NUM_WARPS, **exact,
+        width, race_split_len, BLOCK_V=race_block_v, num_warps=race_warps, **exact,
     )
     race_combine_kernel[(batch,)](
         out, logprobs if return_logprobs else out, part_score, part_index, race_float, race_int, *rows,
