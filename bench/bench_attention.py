@@ -6,7 +6,8 @@ shuffled (a random permutation), every sequence L keys long, q_len 1 (decode) or
 of k = 4 drafts, bottom-right causal).
 
 Rows (impl):
-  specops-<backend>  specops.paged_attention, validate=False (Triton; CUDA when the op has a
+  specops-<backend>  specops.paged_attention, validate=False, max_query_len=q_len (the hint an
+                     engine has: 1 for decode, k + 1 for verify) (Triton; CUDA when the op has a
                      CUDA kernel: backend="cuda" raising NotImplementedError skips it).
   flashinfer         q_len 1: BatchDecodeWithPagedKVCacheWrapper, the faster of its
                      tensor-core and CUDA-core paths (--fi-decode); q_len 5:
@@ -196,7 +197,8 @@ class Runner:
     def bench_shape(self, x: Batch, backends: list[str], flashinfer, decode_paths: tuple[str, ...]) -> None:
         want = torch_eager(x, torch.float32).float()
         for backend in backends:
-            fn = functools.partial(specops.paged_attention, *x.specops_args(), backend=backend, validate=False)
+            fn = functools.partial(specops.paged_attention, *x.specops_args(), backend=backend, validate=False,
+                                   max_query_len=x.shape[2])  # an engine knows k + 1
             self.measure(x, f"specops-{backend}", fn, want)
         self.measure(x, "torch-eager", functools.partial(torch_eager, x), want)
         if flashinfer is None:

@@ -31,6 +31,6 @@ CacheSizes check_reshape_and_cache(const at::Tensor& key, const at::Tensor& valu
 AttentionSizes check_paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
                                      const at::Tensor& value_cache, const at::Tensor& block_table,
                                      const at::Tensor& seq_lens, const at::Tensor& cu_query_lens,
-                                     int64_t sliding_window, double soft_cap);
+                                     int64_t sliding_window, double soft_cap, int64_t max_query_len);
 
 }  // namespace specops

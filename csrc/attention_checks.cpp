@@ -84,7 +84,7 @@ CacheSizes check_reshape_and_cache(const at::Tensor& key, const at::Tensor& valu
 AttentionSizes check_paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
                                      const at::Tensor& value_cache, const at::Tensor& block_table,
                                      const at::Tensor& seq_lens, const at::Tensor& cu_query_lens,
-                                     int64_t sliding_window, double soft_cap) {
+                                     int64_t sliding_window, double soft_cap, int64_t max_query_len) {
   floating(query, "query");
   TORCH_CHECK_VALUE(query.dim() == 3 && query.size(1) >= 1 && query.size(2) >= 1,
                     "query must have shape [num_query_tokens, num_heads, head_dim], got ", shape_str(query));
@@ -110,6 +110,8 @@ AttentionSizes check_paged_attention(const at::Tensor& query, const at::Tensor& 
   TORCH_CHECK_VALUE(sliding_window >= 0, "sliding_window must be >= 0 (0 = off), got ",
                     std::to_string(sliding_window));
   TORCH_CHECK_VALUE(soft_cap >= 0, "soft_cap must be >= 0 (0 = off), got ", std::to_string(soft_cap));
+  TORCH_CHECK_VALUE(max_query_len >= 0, "max_query_len must be >= 0 (0 = unknown), got ",
+                    std::to_string(max_query_len));
   return AttentionSizes{query.size(0), num_heads, num_kv_heads, head_dim, key_cache.size(0),
                         key_cache.size(1), batch, block_table.size(1)};
 }

@@ -127,9 +127,10 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(
     const at::Tensor& block_table,    // [B, max_blocks] int32
     const at::Tensor& seq_lens,       // [B] int32
     const at::Tensor& cu_query_lens,  // [B + 1] int32
-    double scale, int64_t sliding_window, double soft_cap, bool return_lse) {
+    double scale, int64_t sliding_window, double soft_cap, bool return_lse,
+    int64_t max_query_len) {  // a tiling hint: checked, not needed here
   const AttentionSizes s = check_paged_attention(query, key_cache, value_cache, block_table, seq_lens,
-                                                 cu_query_lens, sliding_window, soft_cap);
+                                                 cu_query_lens, sliding_window, soft_cap, max_query_len);
   at::Tensor out = at::empty_like(query);  // [Q, Hq, D]
   at::Tensor lse = return_lse ? at::empty({s.num_query_tokens, s.num_heads}, query.options().dtype(at::kFloat))
                               : at::empty({0, 0}, query.options().dtype(at::kFloat));

@@ -245,9 +245,10 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cuda(
     const at::Tensor& block_table,    // [B, max_blocks] int32
     const at::Tensor& seq_lens,       // [B] int32
     const at::Tensor& cu_query_lens,  // [B + 1] int32
-    double scale, int64_t sliding_window, double soft_cap, bool return_lse) {
+    double scale, int64_t sliding_window, double soft_cap, bool return_lse,
+    int64_t max_query_len) {  // a tiling hint: checked, not needed here
   const AttentionSizes s = check_paged_attention(query, key_cache, value_cache, block_table, seq_lens,
-                                                 cu_query_lens, sliding_window, soft_cap);
+                                                 cu_query_lens, sliding_window, soft_cap, max_query_len);
   check_cuda_support(query, key_cache, value_cache, s);
   const c10::cuda::CUDAGuard guard(query.device());
   at::Tensor out = at::empty_like(query);  // [Q, Hq, D]

@@ -59,11 +59,12 @@ void define_attention_schemas(torch::Library& m) {
       "Tensor slot_mapping) -> ()");
   // query [Q, Hq, D]; caches as above; block_table [B, max_blocks] int32; seq_lens [B] int32;
   // cu_query_lens [B + 1] int32 -> out [Q, Hq, D] dtype of query, lse [Q, Hq] float32
-  // ([0, 0] unless return_lse); sliding_window 0 = off, soft_cap 0 = off
+  // ([0, 0] unless return_lse); sliding_window 0 = off, soft_cap 0 = off; max_query_len: the
+  // longest query length if the caller knows it (0 = unknown), a tiling hint only
   m.def(
       "paged_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_table, "
       "Tensor seq_lens, Tensor cu_query_lens, float scale, int sliding_window=0, float soft_cap=0.0, "
-      "bool return_lse=False) -> (Tensor, Tensor)");
+      "bool return_lse=False, int max_query_len=0) -> (Tensor, Tensor)");
 }
 
 }  // namespace

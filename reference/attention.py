@@ -58,13 +58,16 @@ def paged_attention(
     sliding_window: int = 0,
     soft_cap: float = 0.0,
     return_lse: bool = False,
+    max_query_len: int = 0,
     *,
     accumulate_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [num_query_tokens, Hq, D] dtype of query; lse [num_query_tokens, Hq] float32
     """Attention of each query row over its sequence's cached keys, causal from the bottom right.
 
     ``lse`` is the natural-log log-sum-exp of the scaled (and soft-capped) logits, or an
-    empty ``[0, 0]`` tensor unless ``return_lse``.
+    empty ``[0, 0]`` tensor unless ``return_lse``. ``max_query_len`` is the kernels' tiling
+    hint (the longest query length, 0 = unknown); it never changes the result, and is
+    ignored here.
     """
     num_query_tokens, num_heads, head_dim = query.shape
     group = num_heads // key_cache.shape[2]

@@ -370,7 +370,7 @@ def check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) ->
 
 
 def check_paged_attention(
-    query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, sliding_window, soft_cap
+    query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, sliding_window, soft_cap, max_query_len
 ) -> AttentionSizes:
     _floating(query, "query")
     if query.dim() != 3 or query.shape[1] < 1 or query.shape[2] < 1:
@@ -401,6 +401,8 @@ def check_paged_attention(
         raise ValueError(f"sliding_window must be >= 0 (0 = off), got {sliding_window}")
     if soft_cap < 0:
         raise ValueError(f"soft_cap must be >= 0 (0 = off), got {soft_cap}")
+    if max_query_len < 0:
+        raise ValueError(f"max_query_len must be >= 0 (0 = unknown), got {max_query_len}")
     return AttentionSizes(
         num_query_tokens, num_heads, num_kv_heads, head_dim, num_blocks, block_size, batch, max_blocks
     )

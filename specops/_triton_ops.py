@@ -101,9 +101,10 @@ def register() -> None:
 
     @impl("paged_attention")
     def _paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale,
-                         sliding_window=0, soft_cap=0.0, return_lse=False):
+                         sliding_window=0, soft_cap=0.0, return_lse=False, max_query_len=0):
         _checks.check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
-                                      sliding_window, soft_cap)
+                                      sliding_window, soft_cap, max_query_len)
         _require_runnable(query.device)
         return attention_kernels.paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
-                                                 scale, sliding_window, soft_cap, return_lse)
+                                                 scale, sliding_window, soft_cap, return_lse,
+                                                 max_query_len=max_query_len)

@@ -107,10 +107,10 @@ def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping):
 @_register("paged_attention")
 def _paged_attention_fake(
     query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale, sliding_window=0, soft_cap=0.0,
-    return_lse=False,
+    return_lse=False, max_query_len=0,
 ):
     sizes = _checks.check_paged_attention(
-        query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, sliding_window, soft_cap
+        query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, sliding_window, soft_cap, max_query_len
     )
     out = torch.empty_like(query)
     lse = query.new_empty((sizes.num_query_tokens, sizes.num_heads) if return_lse else (0, 0), dtype=torch.float32)

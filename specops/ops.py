@@ -351,6 +351,7 @@ def paged_attention(
     soft_cap: float = 0.0,
     return_lse: bool = False,
     *,
+    max_query_len: int = 0,
     backend: Backend | str | None = None,
     validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -369,6 +370,9 @@ def paged_attention(
     sliding_window : 0 = off; else each query sees its last ``sliding_window`` keys.
     soft_cap : 0 = off; else logits become ``soft_cap * tanh(logits / soft_cap)``.
     return_lse : also return the natural-log log-sum-exp of the logits.
+    max_query_len : performance hint: the longest query length in ``cu_query_lens`` if
+        known (``k + 1`` for a verify step, 1 for decode); 0 = unknown. A wrong hint costs
+        speed, never correctness. Must be >= 0.
 
     Returns
     -------
@@ -399,5 +403,5 @@ def paged_attention(
         )
     return _op("paged_attention", chosen)(
         query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale, sliding_window, soft_cap,
-        return_lse,
+        return_lse, max_query_len,
     )

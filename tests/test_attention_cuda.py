@@ -180,8 +180,9 @@ def test_opcheck_on_cuda():
     for name in ("key_cache", "value_cache"):  # opcheck compares runs: no NaN
         inputs[name] = torch.nan_to_num(inputs[name], nan=0.0)
     args = tuple(on_gpu(inputs).values())
-    for return_lse in (True, False):
-        torch.library.opcheck(torch.ops.specops.paged_attention.default, (*args, 0.125, 4, 2.0, return_lse))
+    for return_lse, max_query_len in ((True, 0), (False, 2)):
+        torch.library.opcheck(torch.ops.specops.paged_attention.default,
+                              (*args, 0.125, 4, 2.0, return_lse, max_query_len))
     g = torch.Generator().manual_seed(44)
     cache = torch.randn(3, 16, 2, 64, generator=g).half().cuda()
     new = torch.randn(5, 2, 64, generator=g).half().cuda()

@@ -123,8 +123,9 @@ def test_opcheck():
     # opcheck compares runs, so no NaN (unused slots) in the caches here.
     for name in ("key_cache", "value_cache"):
         inputs[name] = torch.nan_to_num(inputs[name], nan=0.0)
-    for return_lse in (True, False):
-        torch.library.opcheck(torch.ops.specops.paged_attention.default, (*inputs.values(), 0.125, 4, 2.0, return_lse))
+    for return_lse, max_query_len in ((True, 0), (False, 2)):
+        args = (*inputs.values(), 0.125, 4, 2.0, return_lse, max_query_len)
+        torch.library.opcheck(torch.ops.specops.paged_attention.default, args)
     cache_args = make_cache_update(7, 3, 16, 2, 64, torch.float32, seed=8)
     torch.library.opcheck(torch.ops.specops.reshape_and_cache.default, cache_args)
 
@@ -194,7 +195,66 @@ def test_triton_reshape_and_cache_matches_cpu(device, backend):
     assert torch.equal(got_v.cpu().nan_to_num(), expected_v.nan_to_num())
 
 
+# max_query_len below the true longest q_len (5): tiles of fewer rows, several passes;
+# above it: larger tiles than needed. Either way the output of no hint, up to rounding.
+HINTS = [1, 2, 8, 64]
+
+
+@pytest.mark.parametrize("device,backend", backend_params())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_max_query_len_hint_never_changes_results(device, backend, dtype):
+    if backend is Backend.CUDA and dtype == torch.float32:
+        pytest.skip("float32 runs on Triton: test_attention_cuda.py checks the CUDA kernel's error and fallback")
+    max_error, lse_atol = next((e, a) for t, e, a in TOLERANCES if t == dtype)
+    inputs = make_batch([33, 9, 70, 1], [5, 1, 5, 1], 8, 2, 64, 16, dtype, seed=15)
+    on_device = {k: v.to(device) for k, v in inputs.items()}
+    ref_out, ref_lse = reference_float64(inputs, 0.125, 0, 0.0)
+    no_hint = specops.paged_attention(*on_device.values(), 0.125, 0, 0.0, True, backend=backend)
+    for hint in HINTS:
+        out, lse = specops.paged_attention(*on_device.values(), 0.125, 0, 0.0, True, max_query_len=hint,
+                                           backend=backend)
+        assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+        assert relative_error(out.cpu(), ref_out) < max_error, f"max_query_len={hint}"
+        torch.testing.assert_close(lse.cpu().double(), ref_lse.double(), atol=lse_atol, rtol=0)
+        torch.testing.assert_close(out, no_hint[0], atol=max_error, rtol=max_error)
+        torch.testing.assert_close(lse, no_hint[1], atol=lse_atol, rtol=0)
+
+
+def test_reference_ignores_max_query_len():
+    inputs = make_batch([20, 3], [5, 1], 4, 2, 64, 16, torch.float32, seed=16)
+    expected = specops.paged_attention(*inputs.values(), 0.125, 0, 0.0, True, backend="reference")
+    got = specops.paged_attention(*inputs.values(), 0.125, 0, 0.0, True, max_query_len=1, backend="reference")
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
 # ---- named errors ----
+
+
+@pytest.mark.parametrize("device,backend", backend_params())
+def test_negative_max_query_len_names_the_argument(device, backend):
+    inputs = {k: v.to(device) for k, v in make_batch([20, 3], [5, 1], 4, 2, 64, 16, torch.float16, seed=17).items()}
+    with pytest.raises(ValueError, match="max_query_len must be >= 0"):
+        specops.paged_attention(*inputs.values(), 0.125, max_query_len=-1, backend=backend)
+    with pytest.raises(ValueError, match="max_query_len must be >= 0"):
+        specops.paged_attention(*inputs.values(), 0.125, max_query_len=-1, backend=backend, validate=False)
+
+
+@pytest.mark.parametrize("namespace", ["specops", "specops_triton"])
+@pytest.mark.parametrize("mode", ["kernel", "fake"])
+def test_negative_max_query_len_in_the_torch_ops(namespace, mode):
+    """The C++ check (kernel, torch.ops.specops), the Triton launcher's and the fake kernel's
+    (Python) all give the same message."""
+    inputs = make_batch([20, 3], [5, 1], 4, 2, 64, 16, torch.float32, seed=18)
+    op = getattr(torch.ops, namespace).paged_attention
+    if mode == "fake":
+        with FakeTensorMode() as fake_mode:
+            inputs = {k: fake_mode.from_tensor(v) for k, v in inputs.items()}
+            with pytest.raises(ValueError, match=r"max_query_len must be >= 0 \(0 = unknown\), got -1"):
+                op(*inputs.values(), 0.125, 0, 0.0, False, -1)
+    else:
+        with pytest.raises(ValueError, match=r"max_query_len must be >= 0 \(0 = unknown\), got -1"):
+            op(*inputs.values(), 0.125, 0, 0.0, False, -1)
+
 
 
 def _bad_dtype(inputs):

@@ -15,6 +15,7 @@ import math
 
 import pytest
 import torch
+import triton
 from attention_inputs import TOLERANCES, make_batch, reference_float64, relative_error
 from conftest import backend_params
 from hypothesis import given
@@ -171,20 +172,52 @@ def test_hypothesis_shapes_match_reference(device, backend):
     "shape,expected",
     [
         # (Tq, B, Hq, Hkv, D, max_context) -> (rows, block_m, num_splits): ANCHORS.md section 2
-        ((1, 1, 32, 8, 128, 4096), (1, 16, 16)),  # B=1 decode: 8 programs -> 16 splits
-        ((5, 1, 32, 8, 128, 4096), (8, 32, 16)),  # B=1 verify: 5 rows x group 4 in one tile
+        ((1, 1, 32, 8, 128, 4096), (1, 16, 32)),  # B=1 decode: 8 programs -> 32 splits of 128 keys
+        ((5, 1, 32, 8, 128, 4096), (8, 32, 32)),  # B=1 verify: 5 rows x group 4 in one tile
         ((64, 64, 32, 8, 128, 4096), (1, 16, 1)),  # 512 programs fill 132 SMs
         ((320, 64, 32, 8, 128, 4096), (16, 64, 1)),
         ((80, 16, 32, 8, 128, 4096), (16, 64, 3)),  # 128 programs: 3 splits of 1365+ keys
         ((32, 32, 32, 8, 128, 16384), (1, 16, 1)),  # 256 programs: no split
         ((9, 1, 16, 1, 256, 8192), (4, 64, 32)),  # group 16 x D 256: 4 rows a pass
-        ((20, 2, 32, 8, 128, 300), (16, 64, 1)),  # short block table: no split
+        ((20, 2, 32, 8, 128, 300), (16, 64, 2)),  # short block table: 2 splits of >= 128 keys
     ],
 )
 def test_plan_at_anchor_shapes(shape, expected):
     launch = plan_paged_attention(*shape, 132)
     assert (launch.rows, launch.block_m, launch.num_splits) == expected
     assert launch.block_m * max(16, shape[4]) <= 16384
+
+
+def test_plan_with_max_query_len_hint():
+    """B=64 verify with k=4: 320 rows could hold a sequence of 257, so without a hint the
+    tile takes 16 rows; the hint 5 (k + 1) takes 8. A hint above the worst case changes nothing."""
+    shape = (320, 64, 32, 8, 128, 4096, 132)
+    assert plan_paged_attention(*shape).rows == 16
+    assert plan_paged_attention(*shape, max_query_len=5).rows == 8
+    assert plan_paged_attention(*shape, max_query_len=1).rows == 1
+    assert plan_paged_attention(64, 64, 32, 8, 128, 4096, 132, max_query_len=5).rows == 1  # decode: 1 row each
+    assert plan_paged_attention(*shape, max_query_len=1000) == plan_paged_attention(*shape)
+    # 32-row verify tiles stream 128-key tiles two stages deep; 64-row tiles and whole-sequence
+    # decode tiles 64 keys three deep (bench/NOTES.md: the H100 sweep behind these choices).
+    verify = plan_paged_attention(*shape, max_query_len=5)
+    assert (verify.block_n, verify.num_stages) == (128, 2)
+    assert (plan_paged_attention(*shape).block_n, plan_paged_attention(*shape).num_stages) == (64, 3)
+    assert plan_paged_attention(64, 64, 32, 8, 128, 4096, 132).block_n == 64
+    assert plan_paged_attention(1, 1, 32, 8, 128, 4096, 132).block_n == 128  # split decode
+
+
+@pytest.mark.parametrize("device,backend", TRITON_PARAMS)
+@pytest.mark.parametrize("hint", [1, 3, 4, 9])
+def test_launcher_max_query_len_below_and_above_the_truth(device, backend, hint):
+    """q_len 9 and 5 sequences planned for fewer rows than they hold (hint 1, 3, 4: several
+    passes each) or for exactly the longest (9): the reference's answer every time."""
+    inputs = make_batch([40, 9, 23], [9, 5, 1], 4, 2, 32, 16, torch.float32, seed=24)
+    plan = plan_paged_attention(15, 3, 4, 2, 32, inputs["block_table"].shape[1] * 16, ASSUMED_MULTIPROCESSORS,
+                                max_query_len=hint)
+    assert plan.rows == triton.next_power_of_2(hint)
+    got = triton_attention.paged_attention(*{k: v.to(device) for k, v in inputs.items()}.values(), 0.2, 0, 0.0,
+                                           True, hint)
+    assert_matches_reference(inputs, [t.cpu() for t in got], 0.2)
 
 
 def test_launch_rejects_bad_values():

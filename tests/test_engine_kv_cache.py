@@ -40,6 +40,7 @@ def test_slot_mapping_and_paged_layout():
     assert batch.slot_mapping.tolist() == [9, 10, 11, 0]
     assert batch.block_table.tolist() == [[4, 2, 0], [0, 0, 0]]
     assert batch.seq_lens.tolist() == [8, 1] and batch.cu_query_lens.tolist() == [0, 3, 4]
+    assert batch.max_query_len == 3  # the longest window, from host lists: no device sync
     assert batch.logits_indices.tolist() == [1, 2, 3]
     assert batch.block_table.dtype == torch.int32 and batch.slot_mapping.dtype == torch.int64
 
@@ -50,6 +51,7 @@ def test_batch_expansion_layout():
     assert batch.slot_mapping.tolist() == [9, 10, 11]
     assert batch.block_table.tolist() == [[4, 2]] * 3
     assert batch.seq_lens.tolist() == [6, 7, 8] and batch.cu_query_lens.tolist() == [0, 1, 2, 3]
+    assert batch.max_query_len == 1
 
 
 def test_chunk_and_table_errors():

@@ -5,9 +5,11 @@ ROWS query rows x GROUP heads, padded), so each KV head of a sequence is read on
 to ROWS query rows: verify moves decode's bytes. When the B x Hkv programs cannot fill the
 GPU, each sequence's key range is split among NUM_SPLITS programs that write normalised
 partial outputs and their LSE to a workspace; a second kernel merges them exactly. Every
-launch parameter (tiles, splits, workspace size) is a function of tensor shapes only, never
-of seq_lens or cu_query_lens values: no device sync, so a call can be captured in a CUDA
-graph. The planning lives in triton_kernels/attention_plan.py.
+launch parameter (tiles, splits, workspace size) is a function of tensor shapes (and of the
+caller's host-side max_query_len hint) only, never of seq_lens or cu_query_lens values: no
+device sync, so a call can be captured in a CUDA graph. A sequence with more query rows than
+a tile holds takes several passes, so the tiles never depend on the true query lengths. The
+planning lives in triton_kernels/attention_plan.py.
 """
 
 from __future__ import annotations
@@ -261,10 +263,14 @@ def _merge_splits_kernel(
 
 
 def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale,
-                    sliding_window=0, soft_cap=0.0, return_lse=False, *, launch: AttentionLaunch | None = None):
+                    sliding_window=0, soft_cap=0.0, return_lse=False, max_query_len: int = 0, *,
+                    launch: AttentionLaunch | None = None):
     """Launcher; arguments already validated (specops/_checks.py); no device sync.
 
-    ``launch`` overrides the planned tiles and splits (tests force splits on small shapes).
+    ``max_query_len`` is the caller's longest query length (0: unknown), a hint for the
+    plan's tile rows only: a sequence with more query rows than a tile holds is processed
+    in several passes, so a wrong hint costs speed, never correctness. ``launch``
+    overrides the planned tiles and splits (tests force splits on small shapes).
     """
     num_query_tokens, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
@@ -276,7 +282,8 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
         return out, lse
     if launch is None:
         launch = plan_paged_attention(num_query_tokens, batch, num_heads, num_kv_heads, head_dim,
-                                      max_blocks * block_size, multiprocessor_count(query.device))
+                                      max_blocks * block_size, multiprocessor_count(query.device),
+                                      max_query_len=max_query_len)
     splits = launch.num_splits
     if splits > 1:  # workspace sized from shapes alone: every (split, row, head) gets written
         kernel_out = torch.empty((splits, num_query_tokens, num_heads, head_dim), dtype=torch.float32,

@@ -1,7 +1,7 @@
 """Launch plan of the Triton paged_attention kernel: tile sizes, warps, pipeline depth and
-the number of KV splits, from tensor shapes and the GPU's multiprocessor count only (never
-from seq_lens or cu_query_lens values, which would cost a device sync and break CUDA-graph
-capture).
+the number of KV splits, from tensor shapes, the GPU's multiprocessor count and the
+caller's max_query_len hint only (never from seq_lens or cu_query_lens values, which would
+cost a device sync and break CUDA-graph capture).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import triton
 # thread at 8 warps); a larger GQA group x query rows tile takes another pass over the keys.
 MAX_TILE_ELEMENTS = 16384
 MAX_ROWS = 16  # query rows of one sequence per tile: verify with k <= 15 in one pass
-MIN_KEYS_PER_SPLIT = 256  # a split streams at least this many keys (16 blocks of 16)
+MIN_KEYS_PER_SPLIT = 128  # a split streams at least this many keys (one wide key tile)
 MAX_SPLITS = 32
 PROGRAMS_PER_MULTIPROCESSOR = 2  # split until the grid holds about this many programs per SM
 ASSUMED_MULTIPROCESSORS = 132  # off a GPU (the interpreter): plan as on an H100
@@ -63,17 +63,23 @@ def _floor_power_of_2(n: int) -> int:
 @functools.lru_cache(maxsize=4096)  # a pure function of ints, called on every launch
 def plan_paged_attention(
     num_query_tokens: int, batch: int, num_heads: int, num_kv_heads: int, head_dim: int, max_context: int,
-    num_multiprocessors: int, rows: int | None = None, num_splits: int | None = None,
+    num_multiprocessors: int, rows: int | None = None, num_splits: int | None = None, max_query_len: int = 0,
 ) -> AttentionLaunch:
     """The launch for these shapes; ``max_context`` is ``max_blocks x block_size`` (the
-    longest sequence the block table can address). ``rows`` and ``num_splits`` override
-    the planned values (tests force splits and multi-pass tiles on small shapes)."""
+    longest sequence the block table can address). ``max_query_len`` is the longest query
+    length in the batch if the caller knows it (0: unknown, plan for the worst case); it
+    only sizes the tile rows: a sequence with more query rows than ``rows`` takes several
+    passes over its keys, so a wrong hint costs speed, never correctness. ``rows`` and
+    ``num_splits`` override the planned values (tests force splits and multi-pass tiles
+    on small shapes)."""
     group = num_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     if rows is None:
         # The longest query length if every sequence has at least one row: 1 for a decode
-        # batch, so decode tiles hold just the GQA group.
+        # batch, so decode tiles hold just the GQA group. A caller's hint can only tighten it.
         longest = max(1, num_query_tokens - batch + 1)
+        if max_query_len > 0:
+            longest = min(max_query_len, longest)
         fit = _floor_power_of_2(MAX_TILE_ELEMENTS // (block_d * group))
         rows = min(triton.next_power_of_2(longest), MAX_ROWS, fit)
     block_m = max(16, triton.next_power_of_2(rows * group))
@@ -83,13 +89,24 @@ def plan_paged_attention(
         if programs < num_multiprocessors:
             wanted = -(-PROGRAMS_PER_MULTIPROCESSOR * num_multiprocessors // programs)
             num_splits = max(1, min(wanted, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    # Keys per step (H100 sweep over the ANCHORS shapes, bench/NOTES.md): 128-key tiles, two
+    # stages deep, where the tile has 32 rows (verify: 8 rows x a GQA group of 4) or the
+    # sequence is split (small batches); 64-key tiles, three deep, for a 16-row decode tile
+    # over whole sequences and for 64-row tiles. K and V tiles x stages stay <= 128 KB (bf16).
+    wide = block_d <= 128 and (block_m == 32 or (num_splits > 1 and block_m <= 32))
+    if wide:
+        block_n, num_stages = 128, 2
+    elif block_d <= 128:
+        block_n, num_stages = 64, 3
+    else:
+        block_n, num_stages = 32, 2
     return AttentionLaunch(
         rows=rows,
         block_m=block_m,
-        block_n=64 if block_d <= 128 else 32,  # K and V tiles of 16 KB (bf16), x num_stages in shared memory
+        block_n=block_n,
         num_splits=num_splits,
         num_warps=4 if block_m * block_d <= 8192 else 8,
-        num_stages=3 if block_d <= 128 else 2,
+        num_stages=num_stages,
     )
 
 

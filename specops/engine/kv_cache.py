@@ -122,6 +122,8 @@ class AttentionBatch:
     seq_lens: torch.Tensor  # [S] int32: keys per attention sequence, new tokens included
     cu_query_lens: torch.Tensor  # [S + 1] int32
     logits_indices: torch.Tensor  # [M] int64: rows of the N whose logits are wanted
+    # The longest q_len, known on the host (0 = unknown): paged_attention's tiling hint.
+    max_query_len: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -174,4 +176,5 @@ def build_attention_batch(chunks: Sequence[SequenceChunk], block_size: int, max_
         seq_lens=tensor(seq_lens, torch.int32),
         cu_query_lens=tensor(cu, torch.int32),
         logits_indices=tensor(logits, torch.int64),
+        max_query_len=max(q_lens, default=0),
     )

@@ -56,7 +56,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         ops.reshape_and_cache(k, v, key_cache, value_cache, batch.slot_mapping, validate=validate)
         out, _ = ops.paged_attention(q, key_cache, value_cache, batch.block_table, batch.seq_lens,
-                                     batch.cu_query_lens, self.scale, validate=validate)
+                                     batch.cu_query_lens, self.scale, max_query_len=batch.max_query_len,
+                                     validate=validate)
         return self.o_proj(out.view(n, self.num_heads * self.head_dim))
 
 

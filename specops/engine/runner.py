@@ -3,19 +3,23 @@
 Decode and verify steps repeat the same shapes (B sequences of q_len 1 or k + 1), so
 their launches can be captured once and replayed: the attention batch is copied into
 static buffers and the graph replays every kernel of the forward pass with no Python in
-between. Graphs are keyed by the batch's shapes; a batch of a new shape is captured on
-first use. Callers ask for a graph only for shapes that recur (decode, verify windows);
-prefill and ragged batches run eagerly.
+between. Graphs are keyed by the batch's shapes and its max_query_len hint; a batch of a
+new key is captured on first use. Callers ask for a graph only for shapes that recur
+(decode, verify windows); prefill and ragged batches run eagerly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 
 from specops.engine.kv_cache import AttentionBatch, KVCache
 from specops.engine.model import LlamaForCausalLM
+
+# The batch's tensors, copied into a graph's static buffers; max_query_len is a host int
+# baked into the captured launches, so it is part of the graph's key instead.
+_TENSOR_FIELDS = tuple(f.name for f in fields(AttentionBatch) if f.name != "max_query_len")
 
 
 @dataclass
@@ -49,7 +53,7 @@ class ModelRunner:
 
     @staticmethod
     def _key(batch: AttentionBatch) -> tuple:
-        return tuple(tuple(getattr(batch, f.name).shape) for f in fields(AttentionBatch))
+        return (*(tuple(getattr(batch, name).shape) for name in _TENSOR_FIELDS), batch.max_query_len)
 
     def __call__(self, batch: AttentionBatch, use_graph: bool = False) -> torch.Tensor:
         """Logits of ``batch.logits_indices``. Shape: ``[M, vocab]``. From a graph (``use_graph``
@@ -61,13 +65,13 @@ class ModelRunner:
         entry = self._graphs.get(key)
         if entry is None:
             entry = self._graphs[key] = self._capture(batch)
-        for f in fields(AttentionBatch):
-            getattr(entry.inputs, f.name).copy_(getattr(batch, f.name), non_blocking=True)
+        for name in _TENSOR_FIELDS:
+            getattr(entry.inputs, name).copy_(getattr(batch, name), non_blocking=True)
         entry.graph.replay()
         return entry.logits
 
     def _capture(self, batch: AttentionBatch) -> _Graph:
-        static = AttentionBatch(**{f.name: getattr(batch, f.name).clone() for f in fields(AttentionBatch)})
+        static = replace(batch, **{name: getattr(batch, name).clone() for name in _TENSOR_FIELDS})
         # Warm-up on a side stream (compiles the Triton kernels, sets up cuBLAS) before capture.
         # The cache rows it writes are those the real call writes again right after.
         stream = torch.cuda.Stream()
