@@ -59,8 +59,10 @@ def copy_bandwidth_tbs(device: torch.device) -> float:
 
 
 def git_revision() -> str:
-    """``git rev-parse HEAD`` of the repo; the GPU machine's copy may lack .git, so fall
-    back to $SPECOPS_GIT_REV, then "unknown"."""
+    """$SPECOPS_GIT_REV when set (a copy sent to a GPU machine may carry no .git, or a
+    stale one), else ``git rev-parse HEAD`` of the repo, else "unknown"."""
+    if os.environ.get("SPECOPS_GIT_REV"):
+        return os.environ["SPECOPS_GIT_REV"]
     try:
         if not (REPO_ROOT / ".git").exists():  # never report a parent folder's repository
             raise OSError("no .git")
@@ -69,7 +71,7 @@ def git_revision() -> str:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("SPECOPS_GIT_REV", "unknown")
+    return "unknown"
 
 
 def env_stamp(device: torch.device) -> dict:
