@@ -15,10 +15,10 @@ differ in. Target: paged verify >= 1.4x faster than batch expansion at B=32, k=4
 Models: "pair" (the embedded byte-level target/draft, bf16; prompts are slices of this
 repository's Python files) and "llama-1b" (a random-weight Llama-3.2-1B-shaped target with a
 random 2-layer draft of the same vocabulary; prompts are random tokens with repeated
-phrases). Its acceptance is an artefact of random weights, not a property of the engine:
-with tied embeddings and small random layers, models tend to predict their input token
-again (a reduced-size CPU run accepted every draft of both proposers), so its rows show
-the engine's cost per step and speculation near its best case, not realistic acceptance.
+phrases). Its acceptance is an artefact of random weights, not a property of the engine
+(a reduced-size CPU run accepted every draft of both proposers; the H100 run of
+bench/results/e2e-h100-20261123.json accepted no draft-model token and ~17% of n-gram
+drafts), so its rows show the engine's cost per step, not realistic acceptance.
 
     python3 bench/bench_e2e.py --out bench/results [--quick]
 """
