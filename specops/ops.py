@@ -397,6 +397,9 @@ def paged_attention(
     """
     device = query.device
     chosen = resolve(backend, device, op="paged_attention", missing=NO_CUDA_KERNEL if backend is None else ())
+    if chosen is Backend.REFERENCE:  # the kernels check their arguments; the reference is plain PyTorch
+        _checks.check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
+                                      sliding_window, soft_cap, max_query_len)
     if _should_validate(validate, device):
         _checks.validate_paged_attention_values(
             block_table, seq_lens, cu_query_lens, query.shape[0], key_cache.shape[1], key_cache.shape[0]

@@ -239,6 +239,17 @@ def test_negative_max_query_len_names_the_argument(device, backend):
         specops.paged_attention(*inputs.values(), 0.125, max_query_len=-1, backend=backend, validate=False)
 
 
+@pytest.mark.parametrize("validate", [True, False])
+def test_reference_backend_names_bad_arguments(validate):
+    """The reference runs the kernels' argument checks too (shape checks, no device sync)."""
+    inputs = make_batch([20, 3], [5, 1], 4, 2, 64, 16, torch.float16, seed=17)
+    for kwargs, message in (({"max_query_len": -1}, "max_query_len must be >= 0"),
+                            ({"sliding_window": -1}, "sliding_window"),
+                            ({"soft_cap": -1.0}, "soft_cap")):
+        with pytest.raises(ValueError, match=message):
+            specops.paged_attention(*inputs.values(), 0.125, backend="reference", validate=validate, **kwargs)
+
+
 @pytest.mark.parametrize("namespace", ["specops", "specops_triton"])
 @pytest.mark.parametrize("mode", ["kernel", "fake"])
 def test_negative_max_query_len_in_the_torch_ops(namespace, mode):
