@@ -2,7 +2,9 @@
 whose arithmetic must match the reference bit for bit has no fused multiply-add and no
 approximate division (reference/repro_math.py: one rounded float32 operation per step).
 row_max_kernel and screen_kernel divide approximately on purpose: their sums are
-approximate by design (triton_kernels/verify_screen.py says why that stays exact).
+approximate by design (triton_kernels/verify_screen.py says why that stays exact); so does
+the race's first phase, for bounds of the scores whose margins cover it
+(verify_math.race_score_bounds), while its exact scores divide with div.rn.
 Under TRITON_INTERPRET=1 (how the suite runs on CPU) @triton.jit makes interpreted
 functions, which cannot be compiled: the file then runs itself in a fresh process without
 the interpreter."""
@@ -38,7 +40,7 @@ CASES = [
     ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048}, False),
     ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
     ("decide", verify_decide.decide_kernel, {}, False),
-    ("race", verify_decide.race_kernel, {"BLOCK_V": 512}, False),
+    ("race", verify_decide.race_kernel, {"BLOCK_V": 512, "MAX_BLOCKS": 32}, True),
     ("race combine", verify_decide.race_combine_kernel, {}, False),
 ]
 
@@ -70,6 +72,8 @@ def test_compiles_for_sm90_with_exact_arithmetic(name, fn, constexprs, approxima
     assert not re.search(r"\bfma\.rn\.f32", ptx), f"{name}: a contracted multiply-add"
     if not approximate:
         assert not re.search(r"div\.(full|approx)\.f32", ptx), f"{name}: an approximate division"
+    if name in ("race", "decide", "fixed sum"):
+        assert re.search(r"div\.rn\.f32", ptx), f"{name}: its exact steps must divide with div.rn"
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the compile tests above run in this process")

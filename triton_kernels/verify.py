@@ -51,6 +51,10 @@ BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 i
 # The race is compute-bound (Philox, score bounds): 512-entry blocks (4 per thread) on 4
 # warps when its grid fills the SMs, on 8 when it does not (H100 sweep, bench/NOTES.md).
 RACE_BLOCK_V = 512
+RACE_SPLIT_FACTOR = 1  # race programs per SM, relative to PROGRAMS_PER_SM
+RACE_WARPS = 0  # 0: 4 when the race grid fills the SMs, else 8
+SUM_SPLIT_FACTOR = 1  # exact-normaliser programs per SM (rows marked: about one per request)
+SUM_WARPS = 4
 NUM_WARPS = 8
 SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
@@ -65,12 +69,12 @@ def _num_sms(device: torch.device) -> int:
     return CPU_NUM_SMS
 
 
-def split_len_for(num_rows: int, vocab: int, device: torch.device) -> int:
-    """Vocab entries per program: about PROGRAMS_PER_SM programs per SM over ``num_rows``
-    rows, at least MIN_SPLIT_LEN entries each, whole BLOCK_V blocks (split by blocks, so
-    B = 1 at V = 128256 gets 63 programs per row, not 32 of two blocks)."""
+def split_len_for(num_rows: int, vocab: int, device: torch.device, factor: int = 1) -> int:
+    """Vocab entries per program: about PROGRAMS_PER_SM * factor programs per SM over
+    ``num_rows`` rows, at least MIN_SPLIT_LEN entries each, whole BLOCK_V blocks (split by
+    blocks, so B = 1 at V = 128256 gets 63 programs per row, not 32 of two blocks)."""
     num_blocks = triton.cdiv(vocab, BLOCK_V)
-    wanted = triton.cdiv(PROGRAMS_PER_SM * _num_sms(device), max(num_rows, 1))
+    wanted = triton.cdiv(PROGRAMS_PER_SM * factor * _num_sms(device), max(num_rows, 1))
     num_splits = max(1, min(wanted, num_blocks // max(1, MIN_SPLIT_LEN // BLOCK_V)))
     return triton.cdiv(num_blocks, num_splits) * BLOCK_V
 
@@ -94,9 +98,10 @@ def verify(
     num_tokens = target_logits.shape[0]
     width = max_spec_len + 1
     device = target_logits.device
-    out = torch.full((batch, width), -1, dtype=torch.int32, device=device)
-    num_accepted = torch.zeros(batch, dtype=torch.int32, device=device)
-    logprobs = torch.zeros((batch, width) if return_logprobs else (0, 0), dtype=torch.float32, device=device)
+    # No fills: the screen and the decisions write every entry of these (padding included).
+    out = torch.empty((batch, width), dtype=torch.int32, device=device)
+    num_accepted = torch.empty(batch, dtype=torch.int32, device=device)
+    logprobs = torch.empty((batch, width) if return_logprobs else (0, 0), dtype=torch.float32, device=device)
     if batch == 0:
         return out, num_accepted, logprobs
     has_top_k, has_top_p = top_k is not None, top_p is not None
@@ -106,7 +111,7 @@ def verify(
     # The exact normaliser: every reachable row with top-k/top-p/log-probabilities (the
     # search partials share its split), else about one marked row per request.
     exact_everywhere = has_top_k or has_top_p or return_logprobs
-    sum_split_len = split_len if exact_everywhere else split_len_for(batch, vocab, device)
+    sum_split_len = split_len if exact_everywhere else split_len_for(batch, vocab, device, SUM_SPLIT_FACTOR)
     sum_splits = triton.cdiv(vocab, sum_split_len)
     block_s = triton.next_power_of_2(max(num_splits, sum_splits))
 
@@ -151,14 +156,14 @@ def verify(
     sums = (need, part_max, part_arg, *top_k_search, *top_p_search)
     sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits)
     fixed_sum_kernel[(num_slots, sum_splits)](part_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
-                                              BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, **flags, **exact)
+                                              BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
     if has_top_p:
         for search_round in range(rounds):
             threshold_search_kernel[grid](*top_p_search, part_max, part_arg, *top_k_search, part_sum, *rows,
                                           *params, num_tokens, vocab, width, split_len, search_round,
                                           MODE=TOP_P_MODE, BLOCK_V=search_block_v, **flags, **exact)
         fixed_sum_kernel[(num_slots, sum_splits)](part_sum2, *sums, part_sum, *rows, *params, *sum_sizes,
-                                                  SECOND=True, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, **flags, **exact)
+                                                  SECOND=True, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
 
     race_float = empty(batch, RACE_FLOATS.value, dtype=torch.float32)
     race_int = empty(batch, RACE_INTS.value, dtype=torch.int64)
@@ -166,15 +171,16 @@ def verify(
         out, num_accepted, logprobs if return_logprobs else out, race_float, race_int, resume, part_max, part_arg,
         part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits, **request_flags, **exact,
     )
-    race_split_len = split_len_for(batch, vocab, device)
+    race_split_len = split_len_for(batch, vocab, device, RACE_SPLIT_FACTOR)
     race_splits = triton.cdiv(vocab, race_split_len)
     part_score = empty(batch, race_splits, dtype=torch.float32)
     part_index = empty(batch, race_splits, dtype=torch.int32)
-    race_warps = 4 if batch * race_splits >= _num_sms(device) else 8
+    race_warps = RACE_WARPS or (4 if batch * race_splits >= _num_sms(device) else 8)
     race_kernel[(batch, race_splits)](
         part_score, part_index, race_float, race_int, target_logits, bonus_logits,
         draft_probs_arg, cu_num_draft_tokens, seeds, num_tokens, vocab,
-        width, race_split_len, BLOCK_V=race_block_v, num_warps=race_warps, **exact,
+        width, race_split_len, BLOCK_V=race_block_v,
+        MAX_BLOCKS=triton.next_power_of_2(race_split_len // race_block_v), num_warps=race_warps, **exact,
     )
     race_combine_kernel[(batch,)](
         out, logprobs if return_logprobs else out, part_score, part_index, race_float, race_int, *rows,

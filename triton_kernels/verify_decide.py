@@ -16,9 +16,10 @@ from .verify_math import (
     log_prob,
     philox_words,
     probs,
-    race_score_bound,
-    race_words,
+    race_block_words,
+    race_score_bounds,
     repro_exponential,
+    select_word,
     weights,
 )
 from .verify_rows import (
@@ -172,13 +173,17 @@ def decide_kernel(
 # the race argmax_v r_v / E_v over its split of that row (E_v: Exp(1) from Philox word v)
 # and writes its best score and the lowest index reaching it.
 # The exact score (three IEEE divisions for p, two in the reproducible Exp(1), one for the
-# score) costs ~5x an upper bound from fast hardware exp2/log2 (race_score_bound): each
-# block of BLOCK_V entries computes the bound, and the exact scores only when the bound
-# reaches the best exact score so far, so about ln(blocks per split) + 1 blocks per program
-# pay for the exact path. A skipped entry's exact score is strictly below one already
-# kept: the result is the exhaustive race's, bit for bit. One Philox call serves 4 entries.
-# Bytes: the chosen row (and its draft-probs row) once over all splits; nothing otherwise.
-@triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "split_len"])
+# score) costs several times fast bounds of it (race_score_bounds: fast exp2, approximate
+# divisions, no log). Two phases: the first walks the split in blocks of BLOCK_V entries
+# and keeps each block's largest upper bound and the split's largest lower bound L; the
+# second computes exact scores only in the blocks whose upper bound reaches L (usually the
+# winner's block alone), in order. A skipped block holds no entry whose exact score
+# reaches the split's best, so the result is the exhaustive race's, bit for bit.
+# Blocks are [BLOCK_V / 4, 4] tiles, one row per Philox call: a thread holds its call's
+# four words and their four entries, so no word moves between threads.
+# Bytes: the chosen row (and its draft-probs row) once over all splits, plus the few
+# blocks of the second phase again (from L2); nothing for requests that do not race.
+@triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
 def race_kernel(
     part_score_ptr,  # [batch, num_splits] float32
     part_index_ptr,  # [batch, num_splits] int32
@@ -192,8 +197,9 @@ def race_kernel(
     num_tokens,
     vocab,
     width,
-    split_len,  # a multiple of BLOCK_V
+    split_len,  # a multiple of BLOCK_V, at most MAX_BLOCKS blocks
     BLOCK_V: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     split = tl.program_id(1)
@@ -216,33 +222,54 @@ def race_kernel(
         q_row_ptr = draft_probs_ptr + (start + step) * vocab
         is_residual = mode == RACE_RESIDUAL
         is_ngram = mode == RACE_NGRAM
-        # Scalars of the bound (approximate; race_score_bound's margin covers them).
+        # Scalars of the bounds (approximate; race_score_bounds' margins cover them).
         log2e_over_t = tl.math.div_rn(1.4426950408889634, temperature)
         inv_z1 = tl.math.div_rn(1.0, z1)
         inv_z2 = tl.math.div_rn(1.0, z2)
-        best = tl.full([BLOCK_V], float("-inf"), tl.float32)
-        best_index = tl.zeros([BLOCK_V], tl.int32)
+        row4 = tl.arange(0, BLOCK_V // 4)
+        lane = tl.arange(0, 4)[None, :]
+        block_ids = tl.arange(0, MAX_BLOCKS)
+        block_upper = tl.full([MAX_BLOCKS], float("-inf"), tl.float32)
+        lower = tl.full([BLOCK_V // 4, 4], -1.0, tl.float32)
         v_begin = split * split_len
-        offset = 0
-        while offset < split_len:
-            v = v_begin + offset + tl.arange(0, BLOCK_V)
+        num_blocks = tl.cdiv(tl.minimum(split_len, vocab - v_begin), BLOCK_V)
+        j = 0
+        while j < num_blocks:
+            block_begin = v_begin + j * BLOCK_V
+            v = block_begin + row4[:, None] * 4 + lane
             in_row = v < vocab
             z = load_logits(row_ptr, v, in_row)
             q = tl.load(q_row_ptr + v, mask=in_row & is_residual, other=0.0)  # 0: r = p - 0 = p exactly
-            exclude = is_ngram & (v == draft)
-            word = race_words(seed, position, v_begin + offset, BLOCK_V)
-            bound = race_score_bound(z, q, word, exclude, max_logit, log2e_over_t, kth, inv_z1, p_min, inv_z2)
-            if tl.max(tl.where(in_row, bound, float("-inf")), axis=0) >= tl.max(best, axis=0):
-                r = tl.where(exclude, 0.0, probs(z, max_logit, temperature, kth, z1, p_min, z2) - q)
-                score = tl.where(r > 0.0, tl.math.div_rn(r, repro_exponential(word)), -1.0)
-                better = in_row & (score > best)
-                best = tl.where(better, score, best)
-                best_index = tl.where(better, v, best_index)
-            offset += BLOCK_V
-        split_best = tl.max(best, axis=0)
+            w0, w1, w2, w3 = race_block_words(seed, position, block_begin // 4 + row4)
+            upper, low = race_score_bounds(z, q, select_word(lane, w0, w1, w2, w3), is_ngram & (v == draft),
+                                           max_logit, log2e_over_t, kth, inv_z1, p_min, inv_z2)
+            lower = tl.maximum(lower, tl.where(in_row, low, -1.0))
+            top = tl.max(tl.max(tl.where(in_row, upper, float("-inf")), axis=1), axis=0)
+            block_upper = tl.where(block_ids == j, top, block_upper)
+            j += 1
+        # Every exact score is >= -1, so L >= -1 keeps at least the first block.
+        reach = block_upper >= tl.max(tl.max(lower, axis=1), axis=0)
+        best = tl.full([BLOCK_V // 4, 4], float("-inf"), tl.float32)
+        best_index = tl.zeros([BLOCK_V // 4, 4], tl.int32)
+        j = tl.min(tl.where(reach, block_ids, MAX_BLOCKS), axis=0)
+        while j < MAX_BLOCKS:
+            block_begin = v_begin + j * BLOCK_V
+            v = block_begin + row4[:, None] * 4 + lane
+            in_row = v < vocab
+            z = load_logits(row_ptr, v, in_row)
+            q = tl.load(q_row_ptr + v, mask=in_row & is_residual, other=0.0)
+            w0, w1, w2, w3 = race_block_words(seed, position, block_begin // 4 + row4)
+            r = tl.where(is_ngram & (v == draft), 0.0, probs(z, max_logit, temperature, kth, z1, p_min, z2) - q)
+            score = tl.where(r > 0.0, tl.math.div_rn(r, repro_exponential(select_word(lane, w0, w1, w2, w3))), -1.0)
+            better = in_row & (score > best)
+            best = tl.where(better, score, best)
+            best_index = tl.where(better, v, best_index)
+            j = tl.min(tl.where(reach & (block_ids > j), block_ids, MAX_BLOCKS), axis=0)
+        split_best = tl.max(tl.max(best, axis=1), axis=0)
+        first = tl.min(tl.min(tl.where(best == split_best, best_index, INDEX_MAX), axis=1), axis=0)
         out = b.to(tl.int64) * tl.num_programs(1) + split
         tl.store(part_score_ptr + out, split_best)
-        tl.store(part_index_ptr + out, tl.min(tl.where(best == split_best, best_index, INDEX_MAX), axis=0))
+        tl.store(part_index_ptr + out, first)
 
 
 # Grid (batch,). Program b combines request b's race partials (highest score, ties to the

@@ -45,17 +45,6 @@ def philox_words(seed, position, purpose, block):
 
 
 @triton.jit
-def race_words(seed, position, v_begin, BLOCK_V: tl.constexpr):
-    """Words ``v_begin .. v_begin + BLOCK_V - 1`` of the race stream (PURPOSE_SAMPLE = 1):
-    word v is word ``v % 4`` of Philox block ``v // 4``, so one Philox call serves four
-    vocab entries. ``v_begin`` is a multiple of 4."""
-    blocks = v_begin // 4 + tl.arange(0, BLOCK_V // 4)
-    w0, w1, w2, w3 = philox_words(seed, position, 1, blocks)
-    # join(join(w0, w2), join(w1, w3))[n, a, c] is word 2a + c of block n.
-    return tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK_V])
-
-
-@triton.jit
 def repro_exp(x):
     y = x * 1.4426950408889634
     n = tl.floor(y)
@@ -115,30 +104,61 @@ def repro_exponential(word):
 # argument's roundings over |y| <= 125, the fast exp2, repro_exp's own error).
 BOUND_UP = tl.constexpr(1.000244140625)
 BOUND_DOWN = tl.constexpr(0.999755859375)
-# Exact scores below this involve subnormal probabilities (score <= p / E, E >= 2^-33),
-# where a fast path that flushed them could bound too low: every entry of positive weight
-# gets at least this bound.
-SCORE_FLOOR = tl.constexpr(1.1e-28)
 
 
 @triton.jit
-def race_score_bound(z, q, word, exclude, max_logit, log2e_over_t, kth, inv_z1, p_min, inv_z2):
-    """An upper bound of the exact race score ``div_rn(r, repro_exponential(word))`` (-1
-    where r <= 0) from the hardware's fast exp2 and log2. The exact path rounds every step
-    to float32 and its exp/log are within ~1e-5 relative of the true functions; the fast
-    ones are within ~1e-5 too (arguments up to 125 in magnitude), so a 2^-12 margin at each
-    step keeps the bound safe; rounding is monotone, so p_ub >= p gives
-    fl(p_ub - q) >= fl(p - q). E = -log(1 - v) >= v + v^2/2 + ... + v^5/5 on [0, 1); above 1/2,
-    1 - v is exact and the fast log2 is tight. ``inv_z1``, ``inv_z2``: 1 / normalisers."""
-    w = tl.where(z >= kth, tl.exp2((z - max_logit) * log2e_over_t) * BOUND_UP, 0.0)
-    p = tl.where(w * inv_z1 * BOUND_UP >= p_min, w * inv_z2 * BOUND_UP, 0.0)
-    r = tl.where(exclude, 0.0, p - q)
-    v = (word.to(tl.float32) + 0.5) * 2.3283064365386963e-10
-    e_large = tl.where(v >= 0.5, -tl.log2(1.0 - v) * 0.6931471805599453, 0.0)
-    e_small = v * (1.0 + v * (0.5 + v * (0.3333333 + v * (0.25 + v * 0.2))))  # within 1% below 1/2
-    e = tl.maximum(e_small, e_large) * BOUND_DOWN
-    bound = tl.where(r > 0.0, tl.math.div_rn(r, e) * BOUND_UP, -1.0)
-    return tl.where((w > 0.0) & ~exclude, tl.maximum(bound, SCORE_FLOOR), bound)
+def race_block_words(seed, position, blocks):
+    """Philox words of the race stream (PURPOSE_SAMPLE = 1) at counter indices ``blocks``
+    (a tensor): the key and the first three counter words stay scalars, so the key schedule
+    and the first round's uniform half cost one thread-wide operation, not one per entry."""
+    p_lo = (position & 0xFFFFFFFF).to(tl.uint32)
+    p_hi = ((position >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    k_lo = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k_hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    return philox(p_lo, p_hi, tl.full([], 1, tl.uint32), blocks.to(tl.uint32), k_lo, k_hi)
+
+
+@triton.jit
+def select_word(lane, w0, w1, w2, w3):
+    """Word ``lane`` (the column of a [n, 4] tile) of each row's Philox block."""
+    return tl.where(lane == 0, w0[:, None], tl.where(lane == 1, w1[:, None],
+                                                     tl.where(lane == 2, w2[:, None], w3[:, None])))
+
+
+@triton.jit
+def race_score_bounds(z, q, word, exclude, max_logit, log2e_over_t, kth, inv_z1, p_min, inv_z2):
+    """(upper, lower) bounds of each entry's exact race score ``div_rn(r, repro_exponential
+    (word))`` (-1 where r <= 0), from the hardware's fast exp2 and approximate divisions.
+    ``inv_z1``, ``inv_z2``: 1 / normalisers (approximate; the margins cover them).
+
+    r: the exact path rounds every step to float32 and its exp is within ~1e-5 relative of
+    the true one, the fast exp2 too (arguments up to 125 in magnitude): a 2^-12 margin at
+    each step gives p_lo <= p <= p_hi (top-p keeps a token on the upper side when its upper
+    bound passes, on the lower side when its lower bound does), and rounding is monotone, so
+    fl(p_lo - q) <= fl(p - q) <= fl(p_hi - q).
+    E = -log(1 - v), v = (word + 1/2) 2^-32 (the exact E is within a few ulp of it):
+    E >= v >= s 2^-23 and, for v <= 1/2, E <= v + v^2 <= u (1 + u), u = (s + 1) 2^-23,
+    s = word >> 9 (from the bits: no integer-to-float conversion). Above v = 1/2 the lower
+    bound of the score is 0 (E is unbounded near v = 1).
+    Exact scores below 1.1e-28 involve subnormal probabilities (score <= p / E, E >= 2^-33),
+    which the fast path may flush to 0: every entry of positive weight gets at least that
+    upper bound. The lower bound is -1 unless r_lo >= 2^-100 (7.9e-31), so that every step
+    it bounds stays among normal floats (exact weights below 2^-125 are 0; subnormal
+    quotients lose relative precision)."""
+    w = tl.where(z >= kth, tl.exp2((z - max_logit) * log2e_over_t), 0.0)
+    up2, down2 = BOUND_UP * BOUND_UP, BOUND_DOWN * BOUND_DOWN  # w's margin, then p's
+    p_hi = tl.where(w * (inv_z1 * up2) >= p_min, w * (inv_z2 * up2), 0.0)
+    p_lo = tl.where(w * (inv_z1 * down2) >= p_min, w * (inv_z2 * down2), 0.0)
+    r_hi = tl.where(exclude, 0.0, p_hi - q)
+    r_lo = tl.where(exclude, 0.0, p_lo - q)
+    s = word >> 9
+    e_lo = (s | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    u = (s + 0x3F800001).to(tl.float32, bitcast=True) - 1.0  # s + 1 = 2^23 carries into 2.0
+    e_hi = u * (1.0 + u) * BOUND_UP
+    upper = tl.where(r_hi > 0.0, r_hi / e_lo * BOUND_UP, -1.0)  # e_lo = 0: +inf
+    upper = tl.where((w > 0.0) & ~exclude, tl.maximum(upper, 1.1e-28), upper)
+    lower = tl.where(r_lo >= 7.9e-31, tl.where(u <= 0.5, r_lo / e_hi * BOUND_DOWN, 0.0), -1.0)
+    return upper, lower
 
 
 @triton.jit

@@ -30,6 +30,7 @@ from .verify_math import (
     from_order_key,
     load_logits,
     order_key,
+    repro_exp,
     weights,
 )
 
@@ -142,7 +143,7 @@ def top_p_initial(top_p):
 # acceptance tests without the exact normaliser (verify_decide.py: screen_kernel), so the
 # second, exact pass reads only the rows that need it.
 # Bytes: the row once over all splits.
-@triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "split_len"])
+@triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
 def row_max_kernel(
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
@@ -175,12 +176,14 @@ def row_max_kernel(
         while offset < split_len:
             v = v_begin + offset + tl.arange(0, BLOCK_V)
             z = load_logits(row_ptr, v, v < vocab)
+            # One exp2 per entry: 2^(-|z - best| s) is the rescale of the old sum when z is
+            # the new lane max, else the entry's own term (0 for z = -inf, also when the
+            # lane has seen only -inf, whose difference is NaN).
             better = z > best
-            new_best = tl.maximum(best, z)
-            rescale = tl.where(best == new_best, 1.0, tl.exp2((best - new_best) * scale))
-            term = tl.where(z == float("-inf"), 0.0, tl.exp2((z - new_best) * scale))
-            approx = approx * rescale + term
-            best = new_best
+            e = tl.exp2(-tl.abs(z - best) * scale)
+            e = tl.where(z == float("-inf"), 0.0, e)
+            approx = tl.where(better, approx * e + 1.0, approx + e)
+            best = tl.maximum(best, z)
             best_index = tl.where(better, v, best_index)
             offset += BLOCK_V
         split_best = tl.max(best, axis=0)
@@ -221,7 +224,7 @@ def row_p_min(state_ptr, agg_ptr, slot, num_slots, num_splits, uses_top_p, top_p
 # top-k: key = order key of the logit, weight 1 (c* = key of the k-th largest logit);
 # top-p: key = bits of p = w / z1, weight floor(p 2^32), and the total mass (column 16).
 # Bytes: the row once per round, for the slots that use the threshold only.
-@triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "split_len", "search_round"])
+@triton.jit(do_not_specialize=["num_tokens", "width", "search_round"])
 def threshold_search_kernel(
     state_ptr,  # [SEARCH_ROUNDS, batch * width, 2] int64: (lo, hi) before each round
     agg_ptr,  # [SEARCH_ROUNDS, batch * width, num_splits, 17] int64
@@ -304,7 +307,7 @@ def threshold_search_kernel(
 # adds floor(w_v 2^40) over its split (int64, exact), w = exp((z - max) / T) after top-k
 # (SECOND: also top-p, p = w / z1 >= p_min). Greedy slots sum at T = 1 (log-probabilities).
 # Bytes: the marked rows once per launch (usually the one row per request that races).
-@triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "split_len", "row_splits"])
+@triton.jit(do_not_specialize=["num_tokens", "width", "row_splits"])
 def fixed_sum_kernel(
     part_sum_ptr,  # [batch * width, sum_splits] int64, written
     need_ptr,  # [batch * width] int8: the slots whose exact normaliser the decisions need
@@ -357,14 +360,41 @@ def fixed_sum_kernel(
             z1 = row_fixed_sum(first_sum_ptr, slot, num_splits, BLOCK_S)
             p_min = row_p_min(top_p_state_ptr, top_p_agg_ptr, slot, num_slots, row_splits, uses_top_p, top_p,
                               BLOCK_S)
-        total = tl.zeros([BLOCK_V], tl.int64)
-        v_begin = split * split_len
-        offset = 0
-        while offset < split_len:
-            v = v_begin + offset + tl.arange(0, BLOCK_V)
-            w = weights(load_logits(row_ptr, v, v < vocab), max_logit, temperature, kth)
-            if SECOND:
-                w = tl.where(tl.math.div_rn(w, z1) >= p_min, w, 0.0)
-            total += tl.floor(tl.where(v < vocab, w, 0.0) * FIXED_SCALE).to(tl.int64)
-            offset += BLOCK_V
-        tl.store(part_sum_ptr + slot.to(tl.int64) * num_splits + split, tl.sum(total, axis=0))
+        split_range = (row_ptr, split * split_len, split_len, vocab)
+        inverse = exact_inverse(temperature)
+        if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
+            total = _split_fixed_sum(*split_range, max_logit, inverse, kth, z1, p_min, True, SECOND, BLOCK_V)
+        else:
+            total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, False, SECOND, BLOCK_V)
+        tl.store(part_sum_ptr + slot.to(tl.int64) * num_splits + split, total)
+
+
+@triton.jit
+def exact_inverse(temperature):
+    """1 / T when T is a power of two whose inverse is a normal float (then x / T equals
+    x * (1 / T) exactly: both are the exact quotient, rounded once), else 0."""
+    bits = temperature.to(tl.int32, bitcast=True)
+    exponent = (bits >> 23) & 0xFF
+    power_of_two = (bits > 0) & ((bits & 0x7FFFFF) == 0) & (exponent >= 1) & (exponent <= 253)
+    return tl.where(power_of_two, ((254 - exponent) << 23).to(tl.float32, bitcast=True), 0.0)
+
+
+@triton.jit
+def _split_fixed_sum(row_ptr, v_begin, split_len, vocab, max_logit, temperature, kth, z1, p_min,
+                     MULTIPLY: tl.constexpr, SECOND: tl.constexpr, BLOCK_V: tl.constexpr):
+    """sum floor(w_v 2^40) over [v_begin, v_begin + split_len) (int64, exact).
+    MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse)."""
+    total = tl.zeros([BLOCK_V], tl.int64)
+    offset = 0
+    while offset < split_len:
+        v = v_begin + offset + tl.arange(0, BLOCK_V)
+        z = load_logits(row_ptr, v, v < vocab)
+        if MULTIPLY:
+            w = tl.where(z >= kth, repro_exp((z - max_logit) * temperature), 0.0)
+        else:
+            w = weights(z, max_logit, temperature, kth)
+        if SECOND:
+            w = tl.where(tl.math.div_rn(w, z1) >= p_min, w, 0.0)
+        total += tl.floor(tl.where(v < vocab, w, 0.0) * FIXED_SCALE).to(tl.int64)
+        offset += BLOCK_V
+    return tl.sum(total, axis=0)
