@@ -121,10 +121,10 @@ def test_race_walks_many_pruned_blocks_exactly(ngram, monkeypatch):
     from specops.triton_kernels import verify as triton_verify
     from test_verify_ops import assert_tokens_match_reference
 
-    for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1)):
+    for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("RACE_RESIDENT", 1)):
         monkeypatch.setattr(triton_verify, name, value)
-    # One race program per request walks all 19 blocks (split_len_for(batch=5, vocab=300)).
-    assert triton_verify.split_len_for(5, 300, torch.device("cpu")) == 19 * 16
+    # One race program per request walks all 19 blocks (4 interpreter SMs x 1 < 5 requests).
+    assert triton_verify.wave_split_len(5, 300, torch.device("cpu"), 1, 16) == 19 * 16
     for seed in range(3):
         inputs = make_inputs([2, 0, 3, 1, 4], 300, seed=seed, greedy_fraction=0.0, ngram=ngram, with_top=False)
         assert_tokens_match_reference(inputs, 4, "cpu", Backend.TRITON)

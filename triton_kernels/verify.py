@@ -51,10 +51,13 @@ BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 i
 # The race is compute-bound (Philox, score bounds): 512-entry blocks (4 per thread) on 4
 # warps when its grid fills the SMs, on 8 when it does not (H100 sweep, bench/NOTES.md).
 RACE_BLOCK_V = 512
-RACE_SPLIT_FACTOR = 1  # race programs per SM, relative to PROGRAMS_PER_SM
 RACE_WARPS = 0  # 0: 4 when the race grid fills the SMs, else 8
-SUM_SPLIT_FACTOR = 1  # exact-normaliser programs per SM (rows marked: about one per request)
 SUM_WARPS = 4
+# The race and the exact normaliser run about one row per request: their splits are sized
+# to fill one wave of resident programs (register-bound: ~77 and ~71 registers per thread
+# at 4 warps allow 6 and 7 programs per SM) without starting a second one.
+RACE_RESIDENT = 6
+SUM_RESIDENT = 7
 NUM_WARPS = 8
 SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
@@ -69,14 +72,23 @@ def _num_sms(device: torch.device) -> int:
     return CPU_NUM_SMS
 
 
-def split_len_for(num_rows: int, vocab: int, device: torch.device, factor: int = 1) -> int:
-    """Vocab entries per program: about PROGRAMS_PER_SM * factor programs per SM over
-    ``num_rows`` rows, at least MIN_SPLIT_LEN entries each, whole BLOCK_V blocks (split by
-    blocks, so B = 1 at V = 128256 gets 63 programs per row, not 32 of two blocks)."""
+def split_len_for(num_rows: int, vocab: int, device: torch.device) -> int:
+    """Vocab entries per program of the row passes: about PROGRAMS_PER_SM programs per SM
+    over ``num_rows`` rows, at least MIN_SPLIT_LEN entries each, whole BLOCK_V blocks (split
+    by blocks, so B = 1 at V = 128256 gets 63 programs per row, not 32 of two blocks)."""
     num_blocks = triton.cdiv(vocab, BLOCK_V)
-    wanted = triton.cdiv(PROGRAMS_PER_SM * factor * _num_sms(device), max(num_rows, 1))
+    wanted = triton.cdiv(PROGRAMS_PER_SM * _num_sms(device), max(num_rows, 1))
     num_splits = max(1, min(wanted, num_blocks // max(1, MIN_SPLIT_LEN // BLOCK_V)))
     return triton.cdiv(num_blocks, num_splits) * BLOCK_V
+
+
+def wave_split_len(num_rows: int, vocab: int, device: torch.device, resident: int, block: int) -> int:
+    """Vocab entries per program, whole ``block``s: floor(resident * SMs / num_rows) splits
+    per row (at least 1), so the grid fills one wave of ``resident`` programs per SM and
+    does not spill a sliver into a second."""
+    num_blocks = triton.cdiv(vocab, block)
+    num_splits = max(1, min(resident * _num_sms(device) // max(num_rows, 1), num_blocks))
+    return triton.cdiv(num_blocks, num_splits) * block
 
 
 def verify(
@@ -111,7 +123,7 @@ def verify(
     # The exact normaliser: every reachable row with top-k/top-p/log-probabilities (the
     # search partials share its split), else about one marked row per request.
     exact_everywhere = has_top_k or has_top_p or return_logprobs
-    sum_split_len = split_len if exact_everywhere else split_len_for(batch, vocab, device, SUM_SPLIT_FACTOR)
+    sum_split_len = split_len if exact_everywhere else wave_split_len(batch, vocab, device, SUM_RESIDENT, BLOCK_V)
     sum_splits = triton.cdiv(vocab, sum_split_len)
     block_s = triton.next_power_of_2(max(num_splits, sum_splits))
 
@@ -171,7 +183,7 @@ def verify(
         out, num_accepted, logprobs if return_logprobs else out, race_float, race_int, resume, part_max, part_arg,
         part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits, **request_flags, **exact,
     )
-    race_split_len = split_len_for(batch, vocab, device, RACE_SPLIT_FACTOR)
+    race_split_len = wave_split_len(batch, vocab, device, RACE_RESIDENT, race_block_v)
     race_splits = triton.cdiv(vocab, race_split_len)
     part_score = empty(batch, race_splits, dtype=torch.float32)
     part_index = empty(batch, race_splits, dtype=torch.int32)
