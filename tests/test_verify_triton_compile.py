@@ -41,7 +41,6 @@ CASES = [
     ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
     ("decide", verify_decide.decide_kernel, {}, False),
     ("race", verify_decide.race_kernel, {"BLOCK_V": 512, "MAX_BLOCKS": 32}, True),
-    ("race combine", verify_decide.race_combine_kernel, {}, False),
 ]
 
 

@@ -15,7 +15,7 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
 4. exact fixed-point normaliser z1, grid (B * width, S): marked rows only;
 5. top-p search and normaliser z2 (only with top_p given): 8 rounds + 1, top-p rows;
 6. decisions, grid (B,): the remaining acceptance tests, exactly, from the screen's stop;
-7. race at the chosen row, grid (B, S'), then its combine, grid (B,).
+7. race at the chosen row, grid (B, S'); each request's last program to finish combines.
 Bytes, plain random requests: each reachable logit row once, plus, per request, the raced
 row twice (exact normaliser, then the race; the normaliser needs the row max first, see
 verify_rows.py) and its draft-probs row once. Greedy: each row once. With top-k/top-p:
@@ -33,7 +33,6 @@ from .verify_decide import (
     RACE_FLOATS,
     RACE_INTS,
     decide_kernel,
-    race_combine_kernel,
     race_kernel,
 )
 from .verify_rows import (
@@ -189,14 +188,10 @@ def verify(
     part_index = empty(batch, race_splits, dtype=torch.int32)
     race_warps = RACE_WARPS or (4 if batch * race_splits >= _num_sms(device) else 8)
     race_kernel[(batch, race_splits)](
-        part_score, part_index, race_float, race_int, target_logits, bonus_logits,
-        draft_probs_arg, cu_num_draft_tokens, seeds, num_tokens, vocab,
-        width, race_split_len, BLOCK_V=race_block_v,
-        MAX_BLOCKS=triton.next_power_of_2(race_split_len // race_block_v), num_warps=race_warps, **exact,
-    )
-    race_combine_kernel[(batch,)](
-        out, logprobs if return_logprobs else out, part_score, part_index, race_float, race_int, *rows,
-        num_tokens, vocab, width, race_splits, RETURN_LOGPROBS=return_logprobs,
-        BLOCK_S=triton.next_power_of_2(race_splits), **exact,
+        out, logprobs if return_logprobs else out, part_score, part_index, race_float, race_int, target_logits,
+        bonus_logits, draft_probs_arg, cu_num_draft_tokens, seeds, num_tokens, vocab, width, race_split_len,
+        RETURN_LOGPROBS=return_logprobs, BLOCK_V=race_block_v,
+        MAX_BLOCKS=triton.next_power_of_2(race_split_len // race_block_v),
+        BLOCK_S=triton.next_power_of_2(race_splits), num_warps=race_warps, **exact,
     )
     return out, num_accepted, logprobs

@@ -1,7 +1,7 @@
 """Per-request passes of the Triton ``verify``, after the row statistics (verify_rows.py):
 the acceptance decisions, then the race at the one row per request that samples a token
 (the first rejected row, or the bonus row when every draft passes), split across
-programs, and the combine that writes the sampled token.
+programs, whose last program to finish writes the sampled token.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ RACE_BONUS = tl.constexpr(0)  # r = p
 RACE_RESIDUAL = tl.constexpr(1)  # r = max(p - q, 0), q the draft probs
 RACE_NGRAM = tl.constexpr(2)  # r = p without the draft token
 RACE_FLOATS = tl.constexpr(6)  # race_float row: max logit, temperature, kth, z1, p_min, z2
-RACE_INTS = tl.constexpr(4)  # race_int row: step (-1: no race), mode, draft (-1: none), position
+RACE_INTS = tl.constexpr(5)  # race_int row: step (-1: no race), mode, draft (-1: none), position,
+#                              and the race programs that have finished (decide_kernel zeroes it)
 
 
 # Grid (batch,). Program b walks request b's steps from resume[b] (the screen emitted the
@@ -91,6 +92,7 @@ def decide_kernel(
     race_int = race_int_ptr + b.to(tl.int64) * RACE_INTS
     race_float = race_float_ptr + b.to(tl.int64) * RACE_FLOATS
     tl.store(race_int, -1)
+    tl.store(race_int + 4, 0)
     i = tl.load(resume_ptr + b)
     done = (i < 0).to(tl.int32)  # the screen decided the whole request
     accepted = tl.zeros([], tl.int32)
@@ -181,10 +183,14 @@ def decide_kernel(
 # reaches the split's best, so the result is the exhaustive race's, bit for bit.
 # Blocks are [BLOCK_V / 4, 4] tiles, one row per Philox call: a thread holds its call's
 # four words and their four entries, so no word moves between threads.
+# The request's last program to finish (a counter in race_int) combines the partials into
+# the token (and its log-probability): no separate launch.
 # Bytes: the chosen row (and its draft-probs row) once over all splits, plus the few
 # blocks of the second phase again (from L2); nothing for requests that do not race.
 @triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
 def race_kernel(
+    out_ptr,  # [batch, width] int32
+    logprobs_ptr,  # [batch, width] float32 (RETURN_LOGPROBS)
     part_score_ptr,  # [batch, num_splits] float32
     part_index_ptr,  # [batch, num_splits] int32
     race_float_ptr,  # [batch, RACE_FLOATS] float32
@@ -198,8 +204,10 @@ def race_kernel(
     vocab,
     width,
     split_len,  # a multiple of BLOCK_V, at most MAX_BLOCKS blocks
+    RETURN_LOGPROBS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     MAX_BLOCKS: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # >= num_splits
 ):
     b = tl.program_id(0)
     split = tl.program_id(1)
@@ -270,44 +278,30 @@ def race_kernel(
         out = b.to(tl.int64) * tl.num_programs(1) + split
         tl.store(part_score_ptr + out, split_best)
         tl.store(part_index_ptr + out, first)
+        # The request's last program to finish combines (release/acquire on the counter
+        # orders the other programs' partials before its loads).
+        arrived = tl.atomic_add(race_int + 4, 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(1) - 1:
+            _race_result(out_ptr, logprobs_ptr, part_score_ptr, part_index_ptr, race_float, row_ptr, b, step, vocab,
+                         width, tl.num_programs(1), RETURN_LOGPROBS, BLOCK_S)
 
 
-# Grid (batch,). Program b combines request b's race partials (highest score, ties to the
-# lowest index) into the sampled token and its log-probability. Bytes: a few per request.
-@triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "num_splits"])
-def race_combine_kernel(
-    out_ptr,  # [batch, width] int32
-    logprobs_ptr,  # [batch, width] float32 (RETURN_LOGPROBS)
-    part_score_ptr,  # [batch, num_splits] float32
-    part_index_ptr,  # [batch, num_splits] int32
-    race_float_ptr,  # [batch, RACE_FLOATS] float32
-    race_int_ptr,  # [batch, RACE_INTS] int64
-    target_ptr,  # [num_tokens, vocab]
-    bonus_ptr,  # [batch, vocab]
-    cu_ptr,  # [batch] int32
-    num_tokens,
-    vocab,
-    width,
-    num_splits,
-    RETURN_LOGPROBS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-):
-    b = tl.program_id(0)
-    step = tl.load(race_int_ptr + b.to(tl.int64) * RACE_INTS)
-    if step >= 0:
-        s = tl.arange(0, BLOCK_S)
-        offset = b.to(tl.int64) * num_splits + s
-        score = tl.load(part_score_ptr + offset, mask=s < num_splits, other=float("-inf"))
-        index = tl.load(part_index_ptr + offset, mask=s < num_splits, other=INDEX_MAX)
-        best = tl.max(score, axis=0)
-        token = tl.min(tl.where(score == best, index, INDEX_MAX), axis=0)
-        tl.store(out_ptr + b.to(tl.int64) * width + step, token)
-        if RETURN_LOGPROBS:
-            race_float = race_float_ptr + b.to(tl.int64) * RACE_FLOATS
-            row_ptr, _start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, step.to(tl.int32), num_tokens, vocab,
-                                     width)
-            v = token + tl.arange(0, 1)
-            p_t = probs(load_logits(row_ptr, v, v < vocab), tl.load(race_float), tl.load(race_float + 1),
-                        tl.load(race_float + 2), tl.load(race_float + 3), tl.load(race_float + 4),
-                        tl.load(race_float + 5))
-            tl.store(logprobs_ptr + b.to(tl.int64) * width + step, tl.sum(log_prob(p_t), axis=0))
+@triton.jit
+def _race_result(out_ptr, logprobs_ptr, part_score_ptr, part_index_ptr, race_float, row_ptr, b, step, vocab, width,
+                 num_splits, RETURN_LOGPROBS: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Request b's race partials (highest score, ties to the lowest index) into the sampled
+    token at ``step`` and its log-probability. Bytes: a few per request."""
+    s = tl.arange(0, BLOCK_S)
+    offset = b.to(tl.int64) * num_splits + s
+    # .cg: from L2, where the other programs' partials are (L1 is not coherent).
+    score = tl.load(part_score_ptr + offset, mask=s < num_splits, other=float("-inf"), cache_modifier=".cg")
+    index = tl.load(part_index_ptr + offset, mask=s < num_splits, other=INDEX_MAX, cache_modifier=".cg")
+    best = tl.max(score, axis=0)
+    token = tl.min(tl.where(score == best, index, INDEX_MAX), axis=0)
+    tl.store(out_ptr + b.to(tl.int64) * width + step, token)
+    if RETURN_LOGPROBS:
+        v = token + tl.arange(0, 1)
+        p_t = probs(load_logits(row_ptr, v, v < vocab), tl.load(race_float), tl.load(race_float + 1),
+                    tl.load(race_float + 2), tl.load(race_float + 3), tl.load(race_float + 4),
+                    tl.load(race_float + 5))
+        tl.store(logprobs_ptr + b.to(tl.int64) * width + step, tl.sum(log_prob(p_t), axis=0))
