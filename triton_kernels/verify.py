@@ -47,10 +47,10 @@ from .verify_rows import (
 from .verify_screen import screen_kernel
 
 BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
-# The race is compute-bound (Philox, score bounds): 512-entry blocks (4 per thread) on 4
-# warps when its grid fills the SMs, on 8 when it does not (H100 sweep, bench/NOTES.md).
+# The race is bound by its fast path (Philox, score bounds) at low occupancy: 512-entry
+# blocks (4 per thread) on 4 warps when its grid fills the SMs, on 8 when it does not
+# (H100 sweeps and ncu, bench/NOTES.md).
 RACE_BLOCK_V = 512
-RACE_WARPS = 0  # 0: 4 when the race grid fills the SMs, else 8
 SUM_WARPS = 4
 # The race and the exact normaliser run about one row per request: their splits are sized
 # to fill one wave of resident programs (register-bound: ~77 and ~71 registers per thread
@@ -186,7 +186,7 @@ def verify(
     race_splits = triton.cdiv(vocab, race_split_len)
     part_score = empty(batch, race_splits, dtype=torch.float32)
     part_index = empty(batch, race_splits, dtype=torch.int32)
-    race_warps = RACE_WARPS or (4 if batch * race_splits >= _num_sms(device) else 8)
+    race_warps = 4 if batch * race_splits >= _num_sms(device) else 8
     race_kernel[(batch, race_splits)](
         out, logprobs if return_logprobs else out, part_score, part_index, race_float, race_int, target_logits,
         bonus_logits, draft_probs_arg, cu_num_draft_tokens, seeds, num_tokens, vocab, width, race_split_len,
