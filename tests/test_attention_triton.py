@@ -176,7 +176,7 @@ def test_hypothesis_shapes_match_reference(device, backend):
         ((5, 1, 32, 8, 128, 4096), (8, 32, 32)),  # B=1 verify: 5 rows x group 4 in one tile
         ((64, 64, 32, 8, 128, 4096), (1, 16, 1)),  # 512 programs fill 132 SMs
         ((320, 64, 32, 8, 128, 4096), (16, 64, 1)),
-        ((80, 16, 32, 8, 128, 4096), (16, 64, 3)),  # 128 programs: 3 splits of 1365+ keys
+        ((80, 16, 32, 8, 128, 4096), (16, 64, 2)),  # 128 programs: 2 splits of 2048 keys
         ((32, 32, 32, 8, 128, 16384), (1, 16, 1)),  # 256 programs: no split
         ((9, 1, 16, 1, 256, 8192), (4, 64, 32)),  # group 16 x D 256: 4 rows a pass
         ((20, 2, 32, 8, 128, 300), (16, 64, 2)),  # short block table: 2 splits of >= 128 keys
@@ -204,6 +204,8 @@ def test_plan_with_max_query_len_hint():
     assert (plan_paged_attention(*shape).block_n, plan_paged_attention(*shape).num_stages) == (64, 3)
     assert plan_paged_attention(64, 64, 32, 8, 128, 4096, 132).block_n == 64
     assert plan_paged_attention(1, 1, 32, 8, 128, 4096, 132).block_n == 128  # split decode
+    small_heads = plan_paged_attention(160, 32, 32, 8, 64, 1040, 132, max_query_len=5)  # head dim 64
+    assert (small_heads.block_n, small_heads.num_stages) == (128, 3)
 
 
 @pytest.mark.parametrize("device,backend", TRITON_PARAMS)
