@@ -8,12 +8,15 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import HAS_CUDA
 from engine_models import VOCAB, greedy_reference, save_tiny_llama
 
 from specops.engine.checkpoint import load_model
 from specops.engine.config import LlamaConfig
 from specops.engine.kv_cache import KVCache, SequenceChunk, build_attention_batch
+from specops.engine.model import EAGER_STEPS
+from specops.engine.runner import ModelRunner
 from specops.engine.request import Request
 from specops.engine.spec_decode import EngineConfig, SpecDecodeEngine
 
@@ -112,3 +115,91 @@ def test_loader_rejects_mismatched_checkpoints(tmp_path):
     (folder / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": 3}))
     with pytest.raises(ValueError, match="missing .*model.layers.2"):
         load_model(folder)
+
+
+def test_loader_names_hf_tensors_of_fused_projections(tmp_path):
+    """The model fuses q/k/v and gate/up; the checkpoint and the errors keep HF's names."""
+    from safetensors.torch import load_file, save_file
+
+    folder = save_tiny_llama(tmp_path, seed=0)
+    [file] = folder.glob("*.safetensors")
+    state = load_file(str(file))
+    loaded = load_model(folder)
+    layer = loaded.model.model.layers[1]
+    hf = "model.layers.1.self_attn.{}_proj.weight"
+    expected = torch.cat([state[hf.format(p)] for p in "qkv"])
+    assert torch.equal(layer.self_attn.qkv_proj.weight, expected)
+    expected = torch.cat([state[f"model.layers.1.mlp.{p}_proj.weight"] for p in ("gate", "up")])
+    assert torch.equal(layer.mlp.gate_up_proj.weight, expected)
+
+    save_file({n: t for n, t in state.items() if n != hf.format("k")}, str(file))
+    with pytest.raises(ValueError, match=r"missing \['model.layers.1.self_attn.k_proj.weight'\], unexpected \[\]"):
+        load_model(folder)
+    fused = {"model.layers.0.mlp.gate_up_proj.weight": layer.mlp.gate_up_proj.weight.detach()}
+    save_file({**state, **fused}, str(file))
+    with pytest.raises(ValueError, match=r"missing \[\], unexpected \['model.layers.0.mlp.gate_up_proj.weight'\]"):
+        load_model(folder)
+
+
+def old_rms_norm(x, weight, eps):
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def old_apply_rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eager_elementwise_steps_equal_unfused_formulas(dtype):
+    """Bit for bit on the CPU: the fused steps only regroup the ops of the unfused model."""
+    g = torch.Generator().manual_seed(5)
+    n, hidden, intermediate, hq, hkv, d, eps = 13, 88, 136, 6, 2, 32, 1e-5
+
+    def rand(*shape):
+        return torch.randn(shape, generator=g).to(dtype)
+
+    x, residual, weight = rand(n, hidden), rand(n, hidden), 1 + rand(hidden)
+    assert torch.equal(EAGER_STEPS.rms_norm(x, weight, eps), old_rms_norm(x, weight, eps))
+    normed, new_residual = EAGER_STEPS.add_rms_norm(x, residual, weight, eps)
+    assert torch.equal(new_residual, residual + x)
+    assert torch.equal(normed, old_rms_norm(residual + x, weight, eps))
+
+    q, k, v = rand(n, hq * d), rand(n, hkv * d), rand(n, hkv * d)  # the three unfused projections
+    angles = torch.rand(n, d // 2, generator=g) * 100
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    got = EAGER_STEPS.rope_qkv(torch.cat((q, k, v), -1), cos, sin, hq, hkv)
+    c, s = cos.to(dtype), sin.to(dtype)
+    expected = (old_apply_rope(q.view(n, hq, d), c, s), old_apply_rope(k.view(n, hkv, d), c, s), v.view(n, hkv, d))
+    for got_t, expected_t in zip(got, expected):
+        assert got_t.is_contiguous() and torch.equal(got_t, expected_t)
+
+    gate, up = rand(n, intermediate), rand(n, intermediate)
+    assert torch.equal(EAGER_STEPS.silu_mul(torch.cat((gate, up), -1)), F.silu(gate) * up)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype, atol", TOLERANCES)
+def test_compiled_elementwise_matches_eager_on_cuda(target_dir, dtype, atol, monkeypatch):
+    """Prefill eagerly, then a decode step from a captured CUDA graph (the runner warms up,
+    so compilation never happens inside the capture), with compile_elementwise off and on."""
+    monkeypatch.delenv("SPECOPS_NO_COMPILE", raising=False)
+    loaded = load_model(target_dir, dtype=dtype, device="cuda")
+    g = torch.Generator().manual_seed(6)
+    sequences = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (11, 23, 7)]
+    tables = [list(range(i * 8, (i + 1) * 8)) for i in range(len(sequences))]
+    prefill = build_attention_batch([SequenceChunk(s, 0, t, 1) for s, t in zip(sequences, tables)], 4, 8, "cuda")
+    decode = build_attention_batch([SequenceChunk([3], len(s), t, 1) for s, t in zip(sequences, tables)], 4, 8, "cuda")
+    logits = {}
+    for compiled in (False, True):
+        loaded.model.compile_elementwise = compiled
+        assert (loaded.model.elementwise_steps(torch.device("cuda")) is EAGER_STEPS) != compiled
+        runner = ModelRunner(loaded.model, KVCache(loaded.config, 32, 4, dtype, "cuda"), use_cuda_graphs=True)
+        first = runner(prefill).float().cpu()
+        logits[compiled] = torch.cat([first, runner(decode, use_graph=True).float().cpu()])
+        assert runner.num_graphs == 1
+    torch.testing.assert_close(logits[True], logits[False], atol=atol, rtol=0)

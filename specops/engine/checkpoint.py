@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from specops.engine.config import LlamaConfig
-from specops.engine.model import LlamaForCausalLM
+from specops.engine.model import LlamaForCausalLM, hf_tensor_names
 
 
 @dataclass
@@ -51,8 +51,10 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> LoadedModel:
     """Build the model from ``path/config.json`` and fill it from ``path/*.safetensors``.
 
-    Every parameter must be in the files (``lm_head.weight`` may be absent when tied) and
-    no unknown tensor may be: a mismatch raises naming the tensors.
+    The files hold Hugging Face names; fused parameters are concatenated from their parts
+    (:func:`~specops.engine.model.hf_tensor_names`). Every tensor the model needs must be in
+    the files (``lm_head.weight`` may be absent when tied) and no unknown tensor may be: a
+    mismatch raises a ValueError naming the tensors.
     """
     folder = Path(path)
     if not (folder / "config.json").is_file():
@@ -63,7 +65,9 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32,
     state = load_state_dict(folder)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    expected = {n for n, _ in model.named_parameters()}
+    # Checked in Hugging Face names: the model's fused projections expand to their parts.
+    parts = {n: hf_tensor_names(n) for n, _ in model.named_parameters()}
+    expected = {hf for names in parts.values() for hf in names}
     missing, unexpected = expected - state.keys(), state.keys() - expected
     # Rotary tables are recomputed, never loaded; older exports carry them.
     unexpected = {n for n in unexpected if not n.endswith("rotary_emb.inv_freq")}
@@ -71,7 +75,8 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32,
         raise ValueError(f"checkpoint {folder} does not match the Llama config: missing {sorted(missing)[:8]}, "
                          f"unexpected {sorted(unexpected)[:8]}")
     model = LlamaForCausalLM(config)
-    model.load_state_dict({n: state[n] for n in expected}, strict=False)
+    model.load_state_dict({n: torch.cat([state[hf] for hf in names]) if len(names) > 1 else state[names[0]]
+                           for n, names in parts.items()}, strict=False)
     model = model.to(device=device, dtype=dtype).eval()
     # The rotary tables stay float32 (cast per use), as Hugging Face computes them.
     model.rope_cos = model.rope_cos.float()

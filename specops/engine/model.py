@@ -2,11 +2,21 @@
 
 The forward pass takes a ragged batch of new tokens (prefill chunks, decode tokens, or
 verify windows of k + 1, all flattened to ``N`` rows): each layer writes the new keys
-and values with ``reshape_and_cache`` and attends with ``paged_attention``. Parameter
-names follow Hugging Face's ``LlamaForCausalLM`` so its state dict loads unchanged.
+and values with ``reshape_and_cache`` and attends with ``paged_attention``.
+
+Parameter names follow Hugging Face's ``LlamaForCausalLM`` except for two fused
+projections, one GEMM each: ``self_attn.qkv_proj`` (HF's q, k, v stacked along the output
+dim) and ``mlp.gate_up_proj`` (gate then up). :func:`hf_tensor_names` is the mapping the
+checkpoint loader uses. Between the GEMMs, the elementwise steps (residual add + RMSNorm,
+RoPE of q and k, silu(gate) * up) are four small pure-torch functions, compiled on CUDA.
 """
 
 from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +26,95 @@ from specops import ops
 from specops.engine.config import LlamaConfig, rope_inverse_frequencies
 from specops.engine.kv_cache import AttentionBatch, KVCache
 
+# Model parameter (suffix) -> the Hugging Face tensors concatenated, in order, along dim 0.
+FUSED_HF_TENSORS = {
+    "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}
+
+
+def hf_tensor_names(name: str) -> tuple[str, ...]:
+    """The Hugging Face checkpoint tensors that make up model parameter ``name``, in the order
+    they are concatenated: ``model.layers.0.mlp.gate_up_proj.weight`` -> (``...gate_proj.weight``,
+    ``...up_proj.weight``); an unfused parameter maps to its own name."""
+    for fused, parts in FUSED_HF_TENSORS.items():
+        if name.endswith("." + fused):
+            prefix = name[: -len(fused)]
+            return tuple(prefix + part for part in parts)
+    return (name,)
+
+
+# The elementwise steps. Numerics follow Hugging Face: RMSNorm in float32, cast back, then
+# times the weight; residual adds and RoPE in the model's dtype.
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Shape: x ``[N, H]``, weight ``[H]``; returns ``[N, H]`` in x's dtype (for a weight of x's dtype)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(residual + x), residual + x)``. Shape: x, residual ``[N, H]``, weight ``[H]``."""
+    residual = residual + x
+    return rms_norm(residual, weight, eps), residual
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [N, heads, D]; cos, sin [N, D] in x's dtype. Pairs (i, i + D/2) rotate together.
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
+             num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split the fused projection into heads and rotate q and k (cos/sin cast to qkv's dtype first).
+
+    Shape: qkv ``[N, (Hq + 2 Hkv) * D]``, cos/sin ``[N, D]`` float32. Returns contiguous
+    (as the attention ops require) q ``[N, Hq, D]``, k ``[N, Hkv, D]``, v ``[N, Hkv, D]``.
+    """
+    n, d = qkv.shape[0], cos.shape[-1]
+    q, k, v = qkv.view(n, num_heads + 2 * num_kv_heads, d).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+    cos, sin = cos.to(qkv.dtype), sin.to(qkv.dtype)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin), v.contiguous()
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``. Shape: gate_up ``[N, 2 I]`` (gate, then up); returns ``[N, I]``."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    # A contiguous gate, as the unfused model had: the CPU kernel rounds a strided row's
+    # tail (scalar path) differently from its vector path. Free under torch.compile.
+    return F.silu(gate.contiguous()) * up
+
+
+@dataclass(frozen=True)
+class ElementwiseSteps:
+    """The forward's elementwise steps: the functions above, or their compiled versions."""
+
+    rms_norm: Callable
+    add_rms_norm: Callable
+    rope_qkv: Callable
+    silu_mul: Callable
+
+
+EAGER_STEPS = ElementwiseSteps(rms_norm, add_rms_norm, rope_qkv, silu_mul)
+_compiled_steps: ElementwiseSteps | None = None
+
+
+def compiled_steps() -> ElementwiseSteps:
+    """The steps through ``torch.compile`` (one or two fused Triton kernels each instead of up
+    to ten eager ones), wrapped on first use; each compiles on its first call, so a forward
+    must run outside any CUDA graph capture first (ModelRunner's warm-up does)."""
+    global _compiled_steps
+    if _compiled_steps is None:
+        compile_ = functools.partial(torch.compile, dynamic=True, fullgraph=True)
+        _compiled_steps = ElementwiseSteps(compile_(rms_norm), compile_(add_rms_norm), compile_(rope_qkv),
+                                           compile_(silu_mul))
+    return _compiled_steps
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float):
@@ -24,17 +123,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, H]
-        # Normalised in float32 and cast back before the weight, as the checkpoints were trained.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs ``(i, i + D/2)`` of every head. Shape: x ``[N, heads, D]``, cos/sin ``[N, D]``."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -42,34 +131,29 @@ class Attention(nn.Module):
         super().__init__()
         hq, hkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = hq, hkv, d
-        self.q_proj = nn.Linear(config.hidden_size, hq * d, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, hkv * d, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, hkv * d, bias=False)
+        self.qkv_proj = nn.Linear(config.hidden_size, (hq + 2 * hkv) * d, bias=False)
         self.o_proj = nn.Linear(hq * d, config.hidden_size, bias=False)
         self.scale = d**-0.5
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch,
-                key_cache: torch.Tensor, value_cache: torch.Tensor, validate: bool) -> torch.Tensor:
-        n = x.shape[0]
-        q = apply_rope(self.q_proj(x).view(n, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+                key_cache: torch.Tensor, value_cache: torch.Tensor, validate: bool,
+                steps: ElementwiseSteps) -> torch.Tensor:
+        q, k, v = steps.rope_qkv(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads)
         ops.reshape_and_cache(k, v, key_cache, value_cache, batch.slot_mapping, validate=validate)
         out, _ = ops.paged_attention(q, key_cache, value_cache, batch.block_table, batch.seq_lens,
                                      batch.cu_query_lens, self.scale, max_query_len=batch.max_query_len,
                                      validate=validate)
-        return self.o_proj(out.view(n, self.num_heads * self.head_dim))
+        return self.o_proj(out.view(x.shape[0], self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, steps: ElementwiseSteps) -> torch.Tensor:
+        return self.down_proj(steps.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -92,6 +176,15 @@ class LlamaBody(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Llama decoder + LM head over a paged KV cache.
 
+    Two switches, settable after construction:
+
+    - ``validate_ops``: value checks in the ops (a device sync each); None = on for the CPU only.
+    - ``compile_elementwise``: run the elementwise steps between GEMMs through
+      ``torch.compile(dynamic=True, fullgraph=True)`` on CUDA tensors (never on the CPU);
+      None or True = on, False = eager. ``SPECOPS_NO_COMPILE=1`` in the environment forces
+      eager. Compilation happens on the first CUDA forward per dtype (seconds); the CUDA
+      graph runner warms up twice before capture, so it never compiles inside a capture.
+
     Example
     -------
     >>> model = LlamaForCausalLM(config)
@@ -112,8 +205,14 @@ class LlamaForCausalLM(nn.Module):
         angles = torch.cat((angles, angles), dim=-1)
         self.register_buffer("rope_cos", angles.cos(), persistent=False)  # [max_positions, D] float32
         self.register_buffer("rope_sin", angles.sin(), persistent=False)
-        # Value checks in the ops cost a device sync each: on by default on the CPU only.
         self.validate_ops: bool | None = None
+        self.compile_elementwise: bool | None = None
+
+    def elementwise_steps(self, device: torch.device) -> ElementwiseSteps:
+        """Compiled steps for CUDA tensors unless turned off, else eager."""
+        if device.type != "cuda" or self.compile_elementwise is False or os.environ.get("SPECOPS_NO_COMPILE") == "1":
+            return EAGER_STEPS
+        return compiled_steps()
 
     @torch.inference_mode()
     def forward(self, batch: AttentionBatch, cache: KVCache) -> torch.Tensor:
@@ -121,13 +220,23 @@ class LlamaForCausalLM(nn.Module):
 
         Shape: returns ``[M, vocab]`` in the model's dtype.
         """
-        x = self.model.embed_tokens(batch.input_ids)
-        validate = self.validate_ops if self.validate_ops is not None else x.device.type == "cpu"
-        cos = self.rope_cos[batch.positions].to(x.dtype)
-        sin = self.rope_sin[batch.positions].to(x.dtype)
+        hidden = self.model.embed_tokens(batch.input_ids)  # [N, H]
+        validate = self.validate_ops if self.validate_ops is not None else hidden.device.type == "cpu"
+        steps = self.elementwise_steps(hidden.device)
+        cos, sin = self.rope_cos[batch.positions], self.rope_sin[batch.positions]  # [N, D] float32
+        # Each layer's residual add is fused with the norm that follows it: the first layer
+        # norms the embeddings, the last add is fused with the final norm.
+        residual = None
         for i, layer in enumerate(self.model.layers):
-            key_cache, value_cache = cache.layer(i)
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, batch, key_cache, value_cache, validate)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        x = self.model.norm(x[batch.logits_indices])
+            norm = layer.input_layernorm
+            if residual is None:
+                x, residual = steps.rms_norm(hidden, norm.weight, norm.eps), hidden
+            else:
+                x, residual = steps.add_rms_norm(hidden, residual, norm.weight, norm.eps)
+            hidden = layer.self_attn(x, cos, sin, batch, *cache.layer(i), validate, steps)
+            norm = layer.post_attention_layernorm
+            x, residual = steps.add_rms_norm(hidden, residual, norm.weight, norm.eps)
+            hidden = layer.mlp(x, steps)
+        rows = batch.logits_indices
+        x, _ = steps.add_rms_norm(hidden[rows], residual[rows], self.model.norm.weight, self.model.norm.eps)
         return self.lm_head(x)
