@@ -262,12 +262,15 @@ def verify(
 
     Backends: the CUDA kernel (sm_90 or newer: it splits each row over a thread-block
     cluster; vocabularies up to 393216), the Triton kernel, the C++ CPU kernel and the
-    reference. On CUDA tensors the default is the CUDA kernel, and the Triton kernel for a
-    larger vocabulary or an older GPU.
+    reference. On CUDA tensors the default is the CUDA kernel (the faster one called
+    eagerly: the Triton launch costs more host time), and the Triton kernel while a CUDA
+    graph is being captured (replayed, it is faster: bench/NOTES.md), for a larger
+    vocabulary and on an older GPU.
     """
     device = target_logits.device
     cuda_cannot = device.type == "cuda" and (
-        target_logits.shape[-1] > CUDA_VERIFY_MAX_VOCAB or _cuda_major(device.index) < 9)
+        target_logits.shape[-1] > CUDA_VERIFY_MAX_VOCAB or _cuda_major(device.index) < 9
+        or _capturing_cuda_graph())
     chosen = resolve(backend, device, op="verify", missing=(Backend.CUDA,) if cuda_cannot and backend is None else ())
     if _should_validate(validate, device):
         _checks.validate_cu_num_draft_tokens(cu_num_draft_tokens, draft_token_ids.shape[0], max_spec_len)
@@ -277,6 +280,11 @@ def verify(
         target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
         seeds, positions, max_spec_len, return_logprobs,
     )
+
+
+def _capturing_cuda_graph() -> bool:
+    """Whether this stream is capturing a CUDA graph (never asked while torch.compile traces)."""
+    return not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing()
 
 
 # What the CUDA paged_attention kernel covers (csrc/attention_cuda.cu raises on the rest);

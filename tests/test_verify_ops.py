@@ -258,6 +258,28 @@ def test_gpu_every_cluster_size_matches_reference(device, backend, vocab, counts
 
 @pytest.mark.gpu
 @requires_gpu
+def test_gpu_default_backend_is_triton_inside_graph_capture(monkeypatch):
+    """Eager calls run the CUDA kernel, captured calls the Triton kernel (faster replayed);
+    the replay equals the eager result (both backends follow the reference exactly)."""
+    chosen = []
+    op = specops.ops._op
+    monkeypatch.setattr(specops.ops, "_op", lambda name, backend: chosen.append(backend) or op(name, backend))
+    # A vocabulary no other test uses: the Triton kernels compile inside the capture, as they
+    # would for an engine whose eager warm-up ran the CUDA kernel.
+    inputs = on(make_inputs([4, 1, 3], 30011, seed=5, greedy_fraction=0.3), "cuda")
+    eager = specops.verify(*inputs.values(), 4, True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = specops.verify(*inputs.values(), 4, True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert chosen[0] is Backend.CUDA and chosen[-1] is Backend.TRITON
+    for s, e in zip(static, eager):
+        assert torch.equal(s, e)
+
+
+@pytest.mark.gpu
+@requires_gpu
 def test_gpu_vocab_past_the_cuda_kernel_runs_triton_by_default():
     vocab = specops.ops.CUDA_VERIFY_MAX_VOCAB + 8
     inputs = make_inputs([1, 0], vocab, seed=4, with_top=False)
