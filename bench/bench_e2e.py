@@ -8,7 +8,8 @@ come from the same steps. Proposers: none (target alone), n-gram, draft model; s
 paged multi-query verify and batch expansion. Decode/verify forward passes replay CUDA
 graphs (prefill runs eagerly).
 
-score rows: one target forward over B windows of k + 1 new tokens at context L, captured
+score rows: one target forward over B windows of k + 1 new tokens at context L (1024 for
+every B and k; also 4096 at B=32 k=4: --score-contexts), captured
 in a CUDA graph and replayed (``us``; ``us_eager`` beside it): the step the two scorers
 differ in. Target: paged verify >= 1.4x faster than batch expansion at B=32, k=4.
 
@@ -172,6 +173,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batches", default=None, help="comma-separated B (default 1,8,32; quick 1,32)")
     parser.add_argument("--ks", default=None, help="comma-separated k (default 2,4,8; quick 4)")
+    parser.add_argument("--score-contexts", default="1024,4096", type=lambda v: [int(c) for c in v.split(",")],
+                        help="contexts of the scoring-step rows: every B and k at 1024, B=32 k=4 at the others")
+    parser.add_argument("--no-e2e", action="store_true", help="only the scoring-step rows")
     args = parser.parse_args()
     device = args.device
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -185,7 +189,7 @@ def main() -> None:
         configs = [(ProposerKind.NONE, ScorerKind.PAGED_VERIFY, b, 0) for b in batches]
         configs += [(p, s, b, k) for p in (ProposerKind.NGRAM, ProposerKind.DRAFT) for s in ScorerKind
                     for b in batches for k in ks]
-        for proposer, scorer, batch, k in configs:
+        for proposer, scorer, batch, k in ([] if args.no_e2e else configs):
             try:
                 row = run_e2e(target, draft if proposer is ProposerKind.DRAFT else None, name, proposer, scorer,
                               batch, k, warmup, timed, device)
@@ -198,18 +202,19 @@ def main() -> None:
             print(f"{name:9s} {row['proposer']:6s} {row['scorer']:16s} B={batch:3d} k={k} "
                   f"{row['tokens_per_s']:10.1f} tok/s  step {row['us']:9.1f} us  acc {row['acceptance_rate']:.3f}  "
                   f"eff {row['system_efficiency']:.3f}", flush=True)
-        for batch in ([32] if args.quick else batches):
-            for k in ([4] if args.quick else ks):
-                try:
-                    paged, expanded = run_score(target, name, batch, k, 1024, device)
-                except Exception as error:  # noqa: BLE001 -- as above
-                    print(f"{name} score B={batch} k={k}: FAILED {error!r}", flush=True)
-                    rows.append({"bench": "score", "impl": f"specops-{device}", "model": name, "B": batch, "k": k,
-                                 "note": f"failed: {error!r}"[:300]})
-                    continue
-                rows += [paged, expanded]
-                print(f"{name:9s} score B={batch:3d} k={k} L=1024: paged verify {paged['us']:.1f} us, batch "
-                      f"expansion {expanded['us']:.1f} us ({common.speedup(expanded['us'], paged['us'])})", flush=True)
+        score_shapes = [(b, k, 1024) for b in ([32] if args.quick else batches) for k in ([4] if args.quick else ks)]
+        score_shapes += [(32, 4, context) for context in args.score_contexts if context != 1024]
+        for batch, k, context in score_shapes:
+            try:
+                paged, expanded = run_score(target, name, batch, k, context, device)
+            except Exception as error:  # noqa: BLE001 -- as above
+                print(f"{name} score B={batch} k={k} L={context}: FAILED {error!r}", flush=True)
+                rows.append({"bench": "score", "impl": f"specops-{device}", "model": name, "B": batch, "k": k,
+                             "L": context, "note": f"failed: {error!r}"[:300]})
+                continue
+            rows += [paged, expanded]
+            print(f"{name:9s} score B={batch:3d} k={k} L={context}: paged verify {paged['us']:.1f} us, batch "
+                  f"expansion {expanded['us']:.1f} us ({common.speedup(expanded['us'], paged['us'])})", flush=True)
         del target, draft
         torch.cuda.empty_cache() if device == "cuda" else None
     path = common.write_results("e2e", env, rows, args.out)
