@@ -181,6 +181,27 @@ def test_eager_elementwise_steps_equal_unfused_formulas(dtype):
     assert torch.equal(EAGER_STEPS.silu_mul(torch.cat((gate, up), -1)), F.silu(gate) * up)
 
 
+def test_compiled_steps_only_where_asked(target_dir, monkeypatch):
+    """Default: compiled in CUDA-graph warm-ups and captures only (eagerly called, the compiled
+    steps cost more host time than they save); never on the CPU; SPECOPS_NO_COMPILE wins."""
+    model = load_model(target_dir).model
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # only the type is read: no GPU needed
+    monkeypatch.delenv("SPECOPS_NO_COMPILE", raising=False)
+    assert model.elementwise_steps(cuda) is EAGER_STEPS
+    with model.for_cuda_graph():
+        assert model.elementwise_steps(cuda) is not EAGER_STEPS
+        assert model.elementwise_steps(cpu) is EAGER_STEPS
+    assert model.elementwise_steps(cuda) is EAGER_STEPS
+    model.compile_elementwise = True
+    assert model.elementwise_steps(cuda) is not EAGER_STEPS
+    monkeypatch.setenv("SPECOPS_NO_COMPILE", "1")
+    assert model.elementwise_steps(cuda) is EAGER_STEPS
+    monkeypatch.delenv("SPECOPS_NO_COMPILE")
+    model.compile_elementwise = False
+    with model.for_cuda_graph():
+        assert model.elementwise_steps(cuda) is EAGER_STEPS
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype, atol", TOLERANCES)

@@ -74,15 +74,17 @@ class ModelRunner:
         static = replace(batch, **{name: getattr(batch, name).clone() for name in _TENSOR_FIELDS})
         # Warm-up on a side stream (compiles the Triton kernels, sets up cuBLAS) before capture.
         # The cache rows it writes are those the real call writes again right after.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.model(static, self.cache)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits = self.model(static, self.cache)
+        # Both under model.for_cuda_graph(): the warm-up compiles what the capture records.
+        with self.model.for_cuda_graph():
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self.model(static, self.cache)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                logits = self.model(static, self.cache)
         return _Graph(graph, static, logits)
 
     @property
