@@ -203,8 +203,9 @@ def main() -> None:
                   f"{row['tokens_per_s']:10.1f} tok/s  step {row['us']:9.1f} us  acc {row['acceptance_rate']:.3f}  "
                   f"eff {row['system_efficiency']:.3f}", flush=True)
         score_shapes = [(b, k, 1024) for b in ([32] if args.quick else batches) for k in ([4] if args.quick else ks)]
-        score_shapes += [(32, 4, context) for context in args.score_contexts if context != 1024
-                         and context + 5 <= target.config.max_position_embeddings]  # the pair's: 2048
+        # Longer contexts where the model's positions reach them (k + 1 = 5 new tokens; the pair's: 2048).
+        score_shapes += [(32, 4, context) for context in args.score_contexts
+                         if context != 1024 and context + 5 <= target.config.max_position_embeddings]
         for batch, k, context in score_shapes:
             try:
                 paged, expanded = run_score(target, name, batch, k, context, device)

@@ -268,10 +268,12 @@ def verify(
     vocabulary and on an older GPU.
     """
     device = target_logits.device
-    cuda_cannot = device.type == "cuda" and (
+    # The default skips the CUDA kernel where it cannot run (vocabulary, GPU) and where
+    # Triton is faster (a graph being captured); an explicit backend="cuda" is not steered.
+    skip_cuda = device.type == "cuda" and (
         target_logits.shape[-1] > CUDA_VERIFY_MAX_VOCAB or _cuda_major(device.index) < 9
         or _capturing_cuda_graph())
-    chosen = resolve(backend, device, op="verify", missing=(Backend.CUDA,) if cuda_cannot and backend is None else ())
+    chosen = resolve(backend, device, op="verify", missing=(Backend.CUDA,) if skip_cuda and backend is None else ())
     if _should_validate(validate, device):
         _checks.validate_cu_num_draft_tokens(cu_num_draft_tokens, draft_token_ids.shape[0], max_spec_len)
         _checks.validate_token_ids(draft_token_ids, "draft_token_ids", target_logits.shape[-1])

@@ -8,7 +8,8 @@ Parameter names follow Hugging Face's ``LlamaForCausalLM`` except for two fused
 projections, one GEMM each: ``self_attn.qkv_proj`` (HF's q, k, v stacked along the output
 dim) and ``mlp.gate_up_proj`` (gate then up). :func:`hf_tensor_names` is the mapping the
 checkpoint loader uses. Between the GEMMs, the elementwise steps (residual add + RMSNorm,
-RoPE of q and k, silu(gate) * up) are four small pure-torch functions, compiled on CUDA.
+RoPE of q and k, silu(gate) * up) are four small pure-torch functions, compiled on CUDA
+in the forwards captured into CUDA graphs (LlamaForCausalLM.compile_elementwise).
 """
 
 from __future__ import annotations
