@@ -2,7 +2,11 @@
 shapes of ANCHORS.md section 1 (bench "verify", DESIGN.md's row format).
 
 Rows, all from fp32 target logits (+ bonus logits), temperature 1 (greedy: 0):
-  specops-<backend>  specops.verify (draws in-kernel from Philox), validate=False.
+  specops-<backend>  specops.verify (draws in-kernel from Philox), validate=False; greedy
+                     rows pass temperature=None (the all-greedy promise an engine makes
+                     from its host-side sampling parameters).
+  specops-<backend>-zeros  greedy rows only: a temperature tensor of zeros, the
+                     per-request path a batch mixing greedy and random requests takes.
   torch-eager        softmax, then the decomposed pipeline written in torch (bench_sampling).
   flashinfer         flashinfer.sampling.softmax + chain_speculative_sampling ("full").
   flashinfer-kern    chain_speculative_sampling alone, from ready probs ("kern").
@@ -107,17 +111,23 @@ def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters) -> list[dic
     args = verify_args(x, device)
     small = first_requests(args, min(B, CHECKED_REQUESTS), k)
     want = reference_verify(*small)
+    no_temperature = args[:5] + (None,) + args[6:]  # greedy: every request greedy, promised
+    small_no_temperature = small[:5] + (None,) + small[6:]
+    variants = [("", no_temperature, small_no_temperature), ("-zeros", args, small)] if x.mode == "greedy" else [
+        ("", args, small)]
     for backend in backends:
-        run = functools.partial(specops.verify, *args, backend=backend, validate=False)
-        if device.type == "cpu":
-            got = specops.verify(*small, backend=backend, validate=False)
-        else:  # the first requests of the full batch: same seeds and positions as `small`
-            got = tuple(t[: small[4].shape[0]] for t in run()[:2])
-        note = ""
-        if not all(torch.equal(g.cpu(), w) for g, w in zip(got[:2], want[:2])):
-            print(f"*** MISMATCH: specops-{backend} B={B} k={k} V={V} {x.mode} differs from the reference")
-            note = "output differs from the reference"
-        add(f"specops-{backend}", run, note)
+        for suffix, call_args, small_args in variants:
+            impl = f"specops-{backend}{suffix}"
+            run = functools.partial(specops.verify, *call_args, backend=backend, validate=False)
+            if device.type == "cpu":
+                got = specops.verify(*small_args, backend=backend, validate=False)
+            else:  # the first requests of the full batch: same seeds and positions as `small`
+                got = tuple(t[: small[4].shape[0]] for t in run()[:2])
+            note = "temperature=None" if call_args[5] is None else ""
+            if not all(torch.equal(g.cpu(), w) for g, w in zip(got[:2], want[:2])):
+                print(f"*** MISMATCH: {impl} B={B} k={k} V={V} {x.mode} differs from the reference")
+                note = "output differs from the reference"
+            add(impl, run, note)
     add("torch-eager", lambda: torch_pipeline(x, full_input(x), *draw(x)))
     if flashinfer is not None and x.mode != "greedy":
         add("flashinfer", functools.partial(flashinfer_pipeline(flashinfer, from_logits=True), x),

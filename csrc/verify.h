@@ -15,7 +15,7 @@ struct VerifySizes {
 
 VerifySizes check_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logits,
                          const at::Tensor& draft_token_ids, const std::optional<at::Tensor>& draft_probs,
-                         const at::Tensor& cu_num_draft_tokens, const at::Tensor& temperature,
+                         const at::Tensor& cu_num_draft_tokens, const std::optional<at::Tensor>& temperature,
                          const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                          const at::Tensor& seeds, const at::Tensor& positions, int64_t max_spec_len);
 

@@ -35,7 +35,7 @@ void rows(const at::Tensor& t, const char* name, int64_t count, const char* coun
 
 VerifySizes check_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logits,
                          const at::Tensor& draft_token_ids, const std::optional<at::Tensor>& draft_probs,
-                         const at::Tensor& cu_num_draft_tokens, const at::Tensor& temperature,
+                         const at::Tensor& cu_num_draft_tokens, const std::optional<at::Tensor>& temperature,
                          const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                          const at::Tensor& seeds, const at::Tensor& positions, int64_t max_spec_len) {
   const auto dtype = target_logits.scalar_type();
@@ -66,7 +66,7 @@ VerifySizes check_verify(const at::Tensor& target_logits, const at::Tensor& bonu
                      draft_probs->scalar_type());
     rows(*draft_probs, "draft_probs", num_tokens, "num_tokens", vocab, target_logits);
   }
-  vector(temperature, "temperature", batch, "batch", at::kFloat, target_logits);
+  if (temperature.has_value()) vector(*temperature, "temperature", batch, "batch", at::kFloat, target_logits);
   if (top_k.has_value()) vector(*top_k, "top_k", batch, "batch", at::kInt, target_logits);
   if (top_p.has_value()) vector(*top_p, "top_p", batch, "batch", at::kFloat, target_logits);
   vector(seeds, "seeds", batch, "batch", at::kLong, target_logits);

@@ -177,7 +177,7 @@ void verify_request(const scalar_t* target, const scalar_t* bonus_row, TokenIds 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
     const at::Tensor& target_logits, const at::Tensor& bonus_logits, const at::Tensor& draft_token_ids,
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& cu_num_draft_tokens,
-    const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
     const std::optional<at::Tensor>& top_p, const at::Tensor& seeds, const at::Tensor& positions,
     int64_t max_spec_len, bool return_logprobs) {
   const VerifySizes s = check_verify(target_logits, bonus_logits, draft_token_ids, draft_probs,
@@ -187,7 +187,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
   at::Tensor num_accepted = at::zeros({s.batch}, cu_num_draft_tokens.options());
   at::Tensor logprobs = at::zeros(return_logprobs ? std::vector<int64_t>{s.batch, s.width}
                                                   : std::vector<int64_t>{0, 0},
-                                  temperature.options());
+                                  target_logits.options().dtype(at::kFloat));
   const int32_t* cu = cu_num_draft_tokens.data_ptr<int32_t>();
   const TokenIds draft{draft_token_ids.data_ptr(), draft_token_ids.scalar_type() == at::kLong};
   const float* q = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
@@ -197,7 +197,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
     at::parallel_for(0, s.batch, 1, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
         const RequestParams params{
-            temperature.data_ptr<float>()[b], top_k.has_value() ? top_k->data_ptr<int32_t>()[b] : 0,
+            temperature.has_value() ? temperature->data_ptr<float>()[b] : 0.0f, top_k.has_value() ? top_k->data_ptr<int32_t>()[b] : 0,
             top_p.has_value() ? top_p->data_ptr<float>()[b] : 1.0f, seeds.data_ptr<int64_t>()[b],
             positions.data_ptr<int64_t>()[b]};
         verify_request<scalar_t>(target, bonus + b * s.vocab, draft, q,

@@ -432,13 +432,17 @@ void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logi
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
     const at::Tensor& target_logits, const at::Tensor& bonus_logits, const at::Tensor& draft_token_ids,
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& cu_num_draft_tokens,
-    const at::Tensor& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& temperature_arg, const std::optional<at::Tensor>& top_k,
     const std::optional<at::Tensor>& top_p, const at::Tensor& seeds, const at::Tensor& positions,
     int64_t max_spec_len, bool return_logprobs) {
   const VerifySizes s = check_verify(target_logits, bonus_logits, draft_token_ids, draft_probs,
-                                     cu_num_draft_tokens, temperature, top_k, top_p, seeds, positions,
+                                     cu_num_draft_tokens, temperature_arg, top_k, top_p, seeds, positions,
                                      max_spec_len);
   const c10::cuda::CUDAGuard guard(target_logits.device());
+  // No temperature: every request greedy (this kernel reads per-request values either way).
+  const at::Tensor temperature = temperature_arg.has_value()
+                                     ? *temperature_arg
+                                     : at::zeros({s.batch}, target_logits.options().dtype(at::kFloat));
   int major = 0, num_sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, target_logits.get_device()));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, target_logits.get_device()));

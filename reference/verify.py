@@ -180,7 +180,7 @@ def verify(
     draft_token_ids: torch.Tensor,  # [num_tokens] int32 | int64
     draft_probs: torch.Tensor | None,  # [num_tokens, V] float32; None: n-gram drafts
     cu_num_draft_tokens: torch.Tensor,  # [B] int32
-    temperature: torch.Tensor,  # [B] float32, 0 = greedy
+    temperature: torch.Tensor | None,  # [B] float32, 0 = greedy; None: every request greedy
     top_k: torch.Tensor | None,  # [B] int32; <= 0 or >= V: no top-k
     top_p: torch.Tensor | None,  # [B] float32; >= 1: no top-p
     seeds: torch.Tensor,  # [B] int64
@@ -201,7 +201,7 @@ def verify(
         rows = target_logits[start:end].cpu()
         drafts = [int(x) for x in draft_token_ids[start:end]]
         bonus_row = bonus_logits[b].cpu()
-        temp = float(temperature[b])
+        temp = float(temperature[b]) if temperature is not None else 0.0
         if temp == 0.0:
             tokens, accepted, lps = _greedy_request(rows, bonus_row, drafts, return_logprobs)
         else:

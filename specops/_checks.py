@@ -263,12 +263,13 @@ def check_verify(
 
 def validate_verify_values(target_logits, bonus_logits, temperature, top_k, top_p) -> None:
     """Finite logits and sampling parameters in range (one device sync on a GPU)."""
+    one = target_logits.new_ones((), dtype=torch.float32)
     stats = torch.stack(
         [
-            torch.isfinite(target_logits).all().float() if target_logits.numel() else temperature.new_ones(()),
-            torch.isfinite(bonus_logits).all().float() if bonus_logits.numel() else temperature.new_ones(()),
-            (temperature >= 0).all().float() if temperature.numel() else temperature.new_ones(()),
-            (top_p > 0).all().float() if top_p is not None and top_p.numel() else temperature.new_ones(()),
+            torch.isfinite(target_logits).all().float() if target_logits.numel() else one,
+            torch.isfinite(bonus_logits).all().float() if bonus_logits.numel() else one,
+            (temperature >= 0).all().float() if temperature is not None and temperature.numel() else one,
+            (top_p > 0).all().float() if top_p is not None and top_p.numel() else one,
         ]
     ).tolist()
     if stats[0] < 1:

@@ -92,7 +92,8 @@ def _verify_fake(
     )
     out = cu_num_draft_tokens.new_empty((sizes.batch, sizes.width))
     num_accepted = cu_num_draft_tokens.new_empty((sizes.batch,))
-    logprobs = temperature.new_empty((sizes.batch, sizes.width) if return_logprobs else (0, 0))
+    logprobs = target_logits.new_empty((sizes.batch, sizes.width) if return_logprobs else (0, 0),
+                                       dtype=torch.float32)
     return out, num_accepted, logprobs
 
 

@@ -221,7 +221,7 @@ def verify(
     draft_token_ids: torch.Tensor,
     draft_probs: torch.Tensor | None,
     cu_num_draft_tokens: torch.Tensor,
-    temperature: torch.Tensor,
+    temperature: torch.Tensor | None,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
     seeds: torch.Tensor,
@@ -247,7 +247,10 @@ def verify(
     draft_token_ids : Shape: ``[num_tokens]``, int32 | int64.
     draft_probs : None for n-gram drafts. Shape: ``[num_tokens, V]``, float32.
     cu_num_draft_tokens : Shape: ``[B]``, int32.
-    temperature : 0 = greedy. Shape: ``[B]``, float32.
+    temperature : 0 = greedy. Shape: ``[B]``, float32. None: every request is greedy, a
+        promise the caller makes from its host-side sampling parameters (the Triton
+        kernel then runs only the max pass and the screen: no normaliser, decision or race
+        launches; every backend returns what zeros would give).
     top_k : <= 0 or >= V: off. Shape: ``[B]``, int32, or None.
     top_p : >= 1: off. Shape: ``[B]``, float32, or None.
     seeds : Shape: ``[B]``, int64.

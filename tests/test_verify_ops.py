@@ -171,6 +171,37 @@ def test_acceptance_tests_at_the_boundary_match_reference(device, backend):
     assert_matches_reference(inputs, 3, device, backend)
 
 
+@pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
+@pytest.mark.parametrize("return_logprobs", [False, True], ids=["tokens", "logprobs"])
+def test_no_temperature_means_every_request_greedy(device, backend, ngram, return_logprobs):
+    """temperature=None (the caller's all-greedy promise, on which the Triton kernel runs
+    only its max pass and screen) returns what temperature zeros return, top-k and top-p
+    ignored as for any greedy request. Drafts match the argmax up to a mismatch, so every
+    acceptance length and the bonus row occur."""
+    inputs = make_inputs([3, 0, 5, 1, 2, 4], 300, seed=44, ngram=ngram, greedy_fraction=1.0)
+    argmax = inputs["target_logits"].argmax(-1).to(inputs["draft_token_ids"].dtype)
+    keep = torch.rand(argmax.shape, generator=torch.Generator().manual_seed(3)) < 0.8
+    inputs["draft_token_ids"] = torch.where(keep, argmax, inputs["draft_token_ids"])
+    assert not inputs["temperature"].any()
+    expected = reference_verify(**inputs, max_spec_len=5, return_logprobs=return_logprobs)
+    assert expected[1].tolist() != [0] * 6 and expected[1].tolist() != [3, 0, 5, 1, 2, 4]
+    no_temperature = {**inputs, "temperature": None}
+    assert all(torch.equal(r, e) for r, e in
+               zip(reference_verify(**no_temperature, max_spec_len=5, return_logprobs=return_logprobs), expected))
+    got = specops.verify(*on(no_temperature, device).values(), 5, return_logprobs, backend=backend)
+    for name, g, e in zip(("output_token_ids", "num_accepted", "logprobs"), got, expected):
+        assert g.dtype == e.dtype and g.shape == e.shape, name
+        assert torch.equal(g.cpu(), e), f"{name} differs:\n{g}\n{e}"
+
+
+@pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
+def test_opcheck_without_temperature(device, backend):
+    inputs = on(make_inputs([2, 1], 40, seed=6, greedy_fraction=1.0), device)
+    namespace = torch.ops.specops_triton if backend is Backend.TRITON else torch.ops.specops
+    torch.library.opcheck(namespace.verify.default, (*{**inputs, "temperature": None}.values(), 3, False))
+
+
 TRITON_BACKENDS = [p for p in KERNEL_BACKENDS if p.values[1] is Backend.TRITON]
 
 
@@ -194,6 +225,25 @@ def test_triton_rows_split_across_programs(device, backend, with_top, monkeypatc
         assert_tokens_match_reference(inputs, 3, device, backend)
 
 
+@pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
+def test_triton_all_greedy_rows_split_across_programs(device, backend, monkeypatch):
+    """temperature=None with every row cut into 5 programs and the max tied across split
+    boundaries: the screen combines the first argmax of the splits."""
+    from specops.triton_kernels import verify as triton_verify
+
+    for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 16), ("PROGRAMS_PER_SM", 16)):
+        monkeypatch.setattr(triton_verify, name, value)
+    inputs = make_inputs([2, 0, 3], 300, seed=8, greedy_fraction=1.0, with_top=False)
+    inputs["target_logits"] = (inputs["target_logits"] / 3).round()
+    inputs["bonus_logits"] = (inputs["bonus_logits"] * 2).round()
+    inputs["draft_token_ids"][:2] = inputs["target_logits"][:2].argmax(-1).int()  # request 0 reaches its bonus
+    expected = reference_verify(**inputs, max_spec_len=3)
+    assert expected[1][0] == 2
+    got = specops.verify(*on({**inputs, "temperature": None}, device).values(), 3, backend=backend)
+    for g, e in zip(got[:2], expected[:2]):
+        assert torch.equal(g.cpu(), e)
+
+
 GPU_BACKENDS = [p for p in KERNEL_BACKENDS if p.values[0] == "cuda"]
 
 
@@ -205,6 +255,24 @@ def test_gpu_full_size_matches_reference(device, backend, vocab, batch_size, wit
     counts = torch.randint(0, 6, (batch_size,), generator=g).tolist()
     inputs = make_inputs(counts, vocab, seed=batch_size, with_top=with_top, dtype=torch.bfloat16)
     assert_matches_reference(inputs, 5, device, backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device,backend", GPU_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_full_size_all_greedy_matches_reference(device, backend, dtype):
+    """temperature=None at the benchmark's shape (B = 64, V = 128256), drafts agreeing with
+    the argmax 80% of the time."""
+    g = torch.Generator().manual_seed(64)
+    counts = torch.randint(0, 6, (64,), generator=g).tolist()
+    inputs = make_inputs(counts, 128256, seed=64, greedy_fraction=1.0, with_top=False, dtype=dtype)
+    argmax = inputs["target_logits"].argmax(-1).int()
+    inputs["draft_token_ids"] = torch.where(torch.rand(argmax.shape, generator=g) < 0.8, argmax,
+                                            inputs["draft_token_ids"])
+    expected = reference_verify(**inputs, max_spec_len=5)
+    got = specops.verify(*on({**inputs, "temperature": None}, device).values(), 5, backend=backend)
+    for g_, e in zip(got[:2], expected[:2]):
+        assert torch.equal(g_.cpu(), e)
 
 
 @pytest.mark.gpu

@@ -33,12 +33,17 @@ FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 CASES = [
-    ("row_max", verify_rows.row_max_kernel, {"BLOCK_V": 2048}, True),
-    ("screen", verify_screen.screen_kernel, {}, True),
+    ("row_max", verify_rows.row_max_kernel, {"ALL_GREEDY": False, "BLOCK_V": 2048}, True),
+    ("row_max, all greedy", verify_rows.row_max_kernel, {"ALL_GREEDY": True, "BLOCK_V": 2048}, True),
+    ("screen", verify_screen.screen_kernel, {"ALL_GREEDY": False}, True),
+    ("screen, all greedy", verify_screen.screen_kernel, {"ALL_GREEDY": True, "RETURN_LOGPROBS": False}, True),
     ("top-k search", verify_rows.threshold_search_kernel, {"MODE": 0, "BLOCK_V": 256}, False),
     ("top-p search", verify_rows.threshold_search_kernel, {"MODE": 1, "BLOCK_V": 256}, False),
-    ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048}, False),
-    ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
+    ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "PER_REQUEST": False, "BLOCK_V": 2048}, False),
+    ("fixed sum, per request", verify_rows.fixed_sum_kernel, {"SECOND": False, "PER_REQUEST": True, "BLOCK_V": 2048},
+     False),
+    ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "PER_REQUEST": False, "BLOCK_V": 2048},
+     False),
     ("decide", verify_decide.decide_kernel, {}, False),
     ("race", verify_decide.race_kernel, {"BLOCK_V": 512, "MAX_BLOCKS": 32}, True),
 ]
@@ -71,7 +76,7 @@ def test_compiles_for_sm90_with_exact_arithmetic(name, fn, constexprs, approxima
     assert not re.search(r"\bfma\.rn\.f32", ptx), f"{name}: a contracted multiply-add"
     if not approximate:
         assert not re.search(r"div\.(full|approx)\.f32", ptx), f"{name}: an approximate division"
-    if name in ("race", "decide", "fixed sum"):
+    if name in ("race", "decide", "fixed sum", "fixed sum, per request"):
         assert re.search(r"div\.rn\.f32", ptx), f"{name}: its exact steps must divide with div.rn"
 
 

@@ -16,6 +16,7 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
 5. top-p search and normaliser z2 (only with top_p given): 8 rounds + 1, top-p rows;
 6. decisions, grid (B,): the remaining acceptance tests, exactly, from the screen's stop;
 7. race at the chosen row, grid (B, S'); each request's last program to finish combines.
+With no temperature (every request greedy) and no log-probabilities, launches 1 and 3 only.
 Bytes, plain random requests: each reachable logit row once, plus, per request, the raced
 row twice (exact normaliser, then the race; the normaliser needs the row max first, see
 verify_rows.py) and its draft-probs row once. Greedy: each row once. With top-k/top-p:
@@ -96,7 +97,7 @@ def verify(
     draft_token_ids,  # [num_tokens] int32 | int64
     draft_probs,  # [num_tokens, vocab] float32, or None (n-gram)
     cu_num_draft_tokens,  # [batch] int32
-    temperature,  # [batch] float32
+    temperature,  # [batch] float32, or None (every request greedy)
     top_k,  # [batch] int32 or None
     top_p,  # [batch] float32 or None
     seeds,  # [batch] int64
@@ -115,6 +116,14 @@ def verify(
     logprobs = torch.empty((batch, width) if return_logprobs else (0, 0), dtype=torch.float32, device=device)
     if batch == 0:
         return out, num_accepted, logprobs
+    # No temperature: every request greedy, which ignores top-k and top-p. Without
+    # log-probabilities (which need the exact normaliser) the max pass and the screen finish.
+    all_greedy = temperature is None
+    if all_greedy:
+        top_k = top_p = None
+        if return_logprobs:
+            temperature = torch.zeros(batch, dtype=torch.float32, device=device)
+    greedy_only = all_greedy and not return_logprobs
     has_top_k, has_top_p = top_k is not None, top_p is not None
     num_slots = batch * width
     split_len = split_len_for(num_slots, vocab, device)
@@ -139,16 +148,17 @@ def verify(
     top_p_search = [empty(*s, dtype=torch.int64) for s in search_shapes] if has_top_p else [part_sum, part_sum]
     # Absent optional tensors: any tensor of the right dtype stands in (never read).
     top_k_arg = top_k if has_top_k else cu_num_draft_tokens
-    top_p_arg = top_p if has_top_p else temperature
+    top_p_arg = top_p if has_top_p else part_max
+    temperature_arg = temperature if temperature is not None else part_max  # greedy_only: never read
     rows = (target_logits, bonus_logits, cu_num_draft_tokens)
-    params = (temperature, top_k_arg, top_p_arg)
+    params = (temperature_arg, top_k_arg, top_p_arg)
     sizes = (num_tokens, vocab, width, split_len)
     grid = (num_slots, num_splits)
     exact = {"enable_fp_fusion": False}
 
     part_approx = empty(num_slots, num_splits, dtype=torch.float32)
-    row_max_kernel[grid](part_max, part_arg, part_approx, *rows, temperature, *sizes, BLOCK_V=BLOCK_V,
-                         num_warps=NUM_WARPS)
+    row_max_kernel[grid](part_max, part_arg, part_approx, *rows, temperature_arg, *sizes, ALL_GREEDY=greedy_only,
+                         BLOCK_V=BLOCK_V, num_warps=NUM_WARPS)
     flags = {"HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_S": block_s}
     # Powers of two: the smaller blocks divide every split (a multiple of BLOCK_V).
     search_block_v, race_block_v = min(SEARCH_BLOCK_V, BLOCK_V), min(RACE_BLOCK_V, BLOCK_V)
@@ -158,23 +168,30 @@ def verify(
                                       BLOCK_V=search_block_v, **flags, **exact)
     need = empty(num_slots, dtype=torch.int8)
     resume = empty(batch, dtype=torch.int32)
-    draft_probs_arg = draft_probs if draft_probs is not None else temperature
+    draft_probs_arg = draft_probs if draft_probs is not None else part_max
     request = (target_logits, bonus_logits, draft_token_ids, draft_probs_arg, cu_num_draft_tokens, *params, seeds,
                positions, num_tokens, vocab, width, num_splits)
     request_flags = {"HAS_DRAFT_PROBS": draft_probs is not None, "RETURN_LOGPROBS": return_logprobs, **flags}
     screen_kernel[(batch,)](out, num_accepted, need, resume, part_max, part_arg, part_approx, *request,
-                            BLOCK_W=triton.next_power_of_2(width), **request_flags, **exact)
+                            ALL_GREEDY=greedy_only, BLOCK_W=triton.next_power_of_2(width), **request_flags, **exact)
+    if greedy_only:
+        return out, num_accepted, logprobs
     sums = (need, part_max, part_arg, *top_k_search, *top_p_search)
     sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits)
-    fixed_sum_kernel[(num_slots, sum_splits)](part_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
-                                              BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
+    # About one marked row per request: a (request, split) grid walks each request's steps
+    # (a slot grid would start B x width x splits programs, most of them exiting at once).
+    sum_grid = (num_slots if exact_everywhere else batch, sum_splits)
+    fixed_sum_kernel[sum_grid](part_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
+                               PER_REQUEST=not exact_everywhere, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags,
+                               **exact)
     if has_top_p:
         for search_round in range(rounds):
             threshold_search_kernel[grid](*top_p_search, part_max, part_arg, *top_k_search, part_sum, *rows,
                                           *params, num_tokens, vocab, width, split_len, search_round,
                                           MODE=TOP_P_MODE, BLOCK_V=search_block_v, **flags, **exact)
         fixed_sum_kernel[(num_slots, sum_splits)](part_sum2, *sums, part_sum, *rows, *params, *sum_sizes,
-                                                  SECOND=True, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
+                                                  SECOND=True, PER_REQUEST=False, BLOCK_V=BLOCK_V,
+                                                  num_warps=SUM_WARPS, **flags, **exact)
 
     race_float = empty(batch, RACE_FLOATS.value, dtype=torch.float32)
     race_int = empty(batch, RACE_INTS.value, dtype=torch.int64)

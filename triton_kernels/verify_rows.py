@@ -136,13 +136,42 @@ def top_p_initial(top_p):
     return tl.zeros([], tl.int64), tl.zeros([], tl.int64) + 0x3F800000, threshold
 
 
+@triton.jit
+def _scan(row_ptr, v_begin, split_len, vocab, scale, WITH_SUM: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Per-lane (max, first index of it, approximate sum relative to the lane max) over
+    [v_begin, v_begin + split_len) of a row. WITH_SUM False (greedy rows): the sums stay 0
+    and no exp2 is issued."""
+    # Per-lane running max with strict >: each lane keeps its first maximum, so the
+    # reduction's lowest index among equal maxima is the first one in the split.
+    best = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    best_index = tl.zeros([BLOCK_V], tl.int32) + v_begin
+    approx = tl.zeros([BLOCK_V], tl.float32)  # per lane, relative to the lane's best
+    offset = 0
+    while offset < split_len:
+        v = v_begin + offset + tl.arange(0, BLOCK_V)
+        z = load_logits(row_ptr, v, v < vocab)
+        better = z > best
+        if WITH_SUM:
+            # One exp2 per entry: 2^(-|z - best| s) is the rescale of the old sum when z is
+            # the new lane max, else the entry's own term (0 for z = -inf, also when the
+            # lane has seen only -inf, whose difference is NaN).
+            e = tl.exp2(-tl.abs(z - best) * scale)
+            e = tl.where(z == float("-inf"), 0.0, e)
+            approx = tl.where(better, approx * e + 1.0, approx + e)
+        best = tl.maximum(best, z)
+        best_index = tl.where(better, v, best_index)
+        offset += BLOCK_V
+    return best, best_index, approx
+
+
 # Grid (batch * width, num_splits). Program (slot, s) reads entries
-# [s * split_len, (s + 1) * split_len) of the slot's row once: its max, first argmax, and an
-# approximate normaliser sum_v 2^((z_v - m_s) log2(e) / T) relative to the split's max m_s
-# (hardware exp2, online rescaling). The approximate sums let the decisions settle most
-# acceptance tests without the exact normaliser (verify_decide.py: screen_kernel), so the
-# second, exact pass reads only the rows that need it.
-# Bytes: the row once over all splits.
+# [s * split_len, (s + 1) * split_len) of the slot's row once: its max, first argmax, and,
+# for a random request, an approximate normaliser sum_v 2^((z_v - m_s) log2(e) / T)
+# relative to the split's max m_s (hardware exp2, online rescaling; greedy rows store 0 and
+# skip the exp2). The approximate sums let the screen settle most acceptance tests without
+# the exact normaliser (verify_screen.py), so the second, exact pass reads only the rows
+# that need it. ALL_GREEDY: the caller promised every request is greedy (temperature not
+# read). Bytes: the row once over all splits.
 @triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
 def row_max_kernel(
     part_max_ptr,  # [batch * width, num_splits] float32
@@ -151,11 +180,12 @@ def row_max_kernel(
     target_ptr,  # [num_tokens, vocab] float32 | bfloat16 | float16
     bonus_ptr,  # [batch, vocab]
     cu_ptr,  # [batch] int32
-    temperature_ptr,  # [batch] float32
+    temperature_ptr,  # [batch] float32 (not read when ALL_GREEDY)
     num_tokens,
     vocab,
     width,
     split_len,  # a multiple of BLOCK_V
+    ALL_GREEDY: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     slot = tl.program_id(0)
@@ -164,34 +194,22 @@ def row_max_kernel(
     i = slot % width
     row_ptr, _start, count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
     if i <= count:
-        temperature = tl.load(temperature_ptr + b)
-        scale = tl.where(temperature == 0.0, 0.0, 1.4426950408889634 / temperature)  # greedy: unused
         v_begin = split * split_len
-        # Per-lane running max with strict >: each lane keeps its first maximum, so the
-        # reduction's lowest index among equal maxima is the first one in the split.
-        best = tl.full([BLOCK_V], float("-inf"), tl.float32)
-        best_index = tl.zeros([BLOCK_V], tl.int32) + v_begin
-        approx = tl.zeros([BLOCK_V], tl.float32)  # per lane, relative to the lane's best
-        offset = 0
-        while offset < split_len:
-            v = v_begin + offset + tl.arange(0, BLOCK_V)
-            z = load_logits(row_ptr, v, v < vocab)
-            # One exp2 per entry: 2^(-|z - best| s) is the rescale of the old sum when z is
-            # the new lane max, else the entry's own term (0 for z = -inf, also when the
-            # lane has seen only -inf, whose difference is NaN).
-            better = z > best
-            e = tl.exp2(-tl.abs(z - best) * scale)
-            e = tl.where(z == float("-inf"), 0.0, e)
-            approx = tl.where(better, approx * e + 1.0, approx + e)
-            best = tl.maximum(best, z)
-            best_index = tl.where(better, v, best_index)
-            offset += BLOCK_V
-        split_best = tl.max(best, axis=0)
-        lane_weight = tl.where(best == float("-inf"), 0.0, tl.exp2((best - split_best) * scale))
         out = slot.to(tl.int64) * tl.num_programs(1) + split
+        temperature = 0.0 if ALL_GREEDY else tl.load(temperature_ptr + b)
+        if temperature == 0.0:
+            best, best_index, _approx = _scan(row_ptr, v_begin, split_len, vocab, 0.0, False, BLOCK_V)
+            split_sum = tl.zeros([], tl.float32)
+        else:
+            scale = 1.4426950408889634 / temperature
+            best, best_index, approx = _scan(row_ptr, v_begin, split_len, vocab, scale, True, BLOCK_V)
+            split_best = tl.max(best, axis=0)
+            lane_weight = tl.where(best == float("-inf"), 0.0, tl.exp2((best - split_best) * scale))
+            split_sum = tl.sum(approx * lane_weight, axis=0)
+        split_best = tl.max(best, axis=0)
         tl.store(part_max_ptr + out, split_best)
         tl.store(part_arg_ptr + out, tl.min(tl.where(best == split_best, best_index, INDEX_MAX), axis=0))
-        tl.store(part_approx_ptr + out, tl.sum(approx * lane_weight, axis=0))
+        tl.store(part_approx_ptr + out, split_sum)
 
 
 @triton.jit
@@ -303,9 +321,12 @@ def threshold_search_kernel(
         tl.store(out + NUM_CANDIDATES, tl.sum(total, axis=0))
 
 
-# Grid (batch * width, sum_splits). Program (slot, s), for the slots the screen marked,
-# adds floor(w_v 2^40) over its split (int64, exact), w = exp((z - max) / T) after top-k
-# (SECOND: also top-p, p = w / z1 >= p_min). Greedy slots sum at T = 1 (log-probabilities).
+# Grid (batch * width, sum_splits), or (batch, sum_splits) with PER_REQUEST. Program
+# (slot, s), for the slots the screen marked, adds floor(w_v 2^40) over its split (int64,
+# exact), w = exp((z - max) / T) after top-k (SECOND: also top-p, p = w / z1 >= p_min).
+# Greedy slots sum at T = 1 (log-probabilities). PER_REQUEST (about one marked row per
+# request, no top-k/top-p): program (b, s) walks request b's steps and sums the marked
+# ones, so unmarked slots cost no program of their own.
 # Bytes: the marked rows once per launch (usually the one row per request that races).
 @triton.jit(do_not_specialize=["num_tokens", "width", "row_splits"])
 def fixed_sum_kernel(
@@ -330,17 +351,41 @@ def fixed_sum_kernel(
     split_len,  # this pass's split (sized for the rows expected to be marked)
     row_splits,  # the split count of the row max and search partials
     SECOND: tl.constexpr,
+    PER_REQUEST: tl.constexpr,
     HAS_TOP_K: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
-    slot = tl.program_id(0)
     split = tl.program_id(1)
-    num_slots = tl.num_programs(0)
     num_splits = tl.num_programs(1)
-    b = slot // width
-    i = slot % width
+    if PER_REQUEST:
+        b = tl.program_id(0)
+        num_slots = tl.num_programs(0) * width
+        i = 0
+        while i < width:  # (a while loop: the interpreter cannot range over a runtime bound)
+            _slot_fixed_sum(part_sum_ptr, need_ptr, part_max_ptr, part_arg_ptr, top_k_state_ptr, top_k_agg_ptr,
+                            top_p_state_ptr, top_p_agg_ptr, first_sum_ptr, target_ptr, bonus_ptr, cu_ptr,
+                            temperature_ptr, top_k_ptr, top_p_ptr, b, i, num_slots, split, num_splits, num_tokens,
+                            vocab, width, split_len, row_splits, SECOND, HAS_TOP_K, HAS_TOP_P, BLOCK_V, BLOCK_S)
+            i += 1
+    else:
+        slot = tl.program_id(0)
+        _slot_fixed_sum(part_sum_ptr, need_ptr, part_max_ptr, part_arg_ptr, top_k_state_ptr, top_k_agg_ptr,
+                        top_p_state_ptr, top_p_agg_ptr, first_sum_ptr, target_ptr, bonus_ptr, cu_ptr,
+                        temperature_ptr, top_k_ptr, top_p_ptr, slot // width, slot % width, tl.num_programs(0),
+                        split, num_splits, num_tokens, vocab, width, split_len, row_splits, SECOND, HAS_TOP_K,
+                        HAS_TOP_P, BLOCK_V, BLOCK_S)
+
+
+@triton.jit
+def _slot_fixed_sum(part_sum_ptr, need_ptr, part_max_ptr, part_arg_ptr, top_k_state_ptr, top_k_agg_ptr,
+                    top_p_state_ptr, top_p_agg_ptr, first_sum_ptr, target_ptr, bonus_ptr, cu_ptr, temperature_ptr,
+                    top_k_ptr, top_p_ptr, b, i, num_slots, split, num_splits, num_tokens, vocab, width, split_len,
+                    row_splits, SECOND: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
+                    BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
+    """fixed_sum_kernel's work for step i of request b, split ``split``."""
+    slot = b * width + i
     row_ptr, _start, count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
     temperature, uses_top_k, top_k, uses_top_p, top_p = request_params(
         b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)

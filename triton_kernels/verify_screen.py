@@ -27,20 +27,24 @@ MARGIN = tl.constexpr(0.001953125)  # 2^-9: the screen's relative band around p'
 
 @triton.jit
 def _step_stats(part_max_ptr, part_arg_ptr, part_approx_ptr, slots, reachable, num_splits, temperature,
-                BLOCK_S: tl.constexpr):
+                WITH_SUM: tl.constexpr, BLOCK_S: tl.constexpr):
     """Per step of one request: combined max logit, first argmax and approximate normaliser
-    (as row_max_argmax for a vector of slots; the sums as row_max_kernel's comment says)."""
+    (as row_max_argmax for a vector of slots; the sums as row_max_kernel's comment says;
+    WITH_SUM False: 0, as all-greedy batches need none)."""
     s = tl.arange(0, BLOCK_S)
     offset = slots.to(tl.int64)[:, None] * num_splits + s[None, :]
     mask = reachable[:, None] & (s < num_splits)[None, :]
     split_max = tl.load(part_max_ptr + offset, mask=mask, other=float("-inf"))
     split_arg = tl.load(part_arg_ptr + offset, mask=mask, other=INDEX_MAX)
-    split_sum = tl.load(part_approx_ptr + offset, mask=mask, other=0.0)
     best = tl.max(split_max, axis=1)
     argmax = tl.min(tl.where(split_max == best[:, None], split_arg, INDEX_MAX), axis=1)
-    factor = tl.where(split_max == float("-inf"), 0.0,
-                      tl.exp2((split_max - best[:, None]) * (1.4426950408889634 / temperature)))
-    return best, argmax, tl.sum(split_sum * factor, axis=1)
+    approx = tl.zeros_like(best)
+    if WITH_SUM:
+        split_sum = tl.load(part_approx_ptr + offset, mask=mask, other=0.0)
+        factor = tl.where(split_max == float("-inf"), 0.0,
+                          tl.exp2((split_max - best[:, None]) * (1.4426950408889634 / temperature)))
+        approx = tl.sum(split_sum * factor, axis=1)
+    return best, argmax, approx
 
 
 # Grid (batch,). Program b screens request b and marks, in need[b * width + i], the steps
@@ -49,7 +53,9 @@ def _step_stats(part_max_ptr, part_arg_ptr, part_approx_ptr, slots, reachable, n
 # argmax; requests with top-k, top-p or log-probabilities need every step exactly.
 # Plain random requests: surely accepted steps are emitted here; the first other step
 # (rejection, unsettled test or bonus) is marked, and after an unsettled test every later
-# step too. Bytes: one logit and one draft prob per step, the partials of every step.
+# step too. ALL_GREEDY: the caller promised every request is greedy (no log-probabilities):
+# the screen finishes the batch. Bytes: one logit and one draft prob per step, the partials
+# of every step.
 @triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "num_splits"])
 def screen_kernel(
     out_ptr,  # [batch, width] int32
@@ -77,12 +83,16 @@ def screen_kernel(
     HAS_TOP_K: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
+    ALL_GREEDY: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
     b = tl.program_id(0)
-    temperature, uses_top_k, _top_k, uses_top_p, _top_p = request_params(
-        b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)
+    if ALL_GREEDY:  # the caller's promise: no per-request parameter is read
+        temperature, uses_top_k, uses_top_p = 0.0, False, False
+    else:
+        temperature, uses_top_k, _top_k, uses_top_p, _top_p = request_params(
+            b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)
     start, count = draft_range(cu_ptr, b, num_tokens, width - 1)
     out_row = out_ptr + b.to(tl.int64) * width
     need_row = need_ptr + b.to(tl.int64) * width
@@ -96,7 +106,7 @@ def screen_kernel(
         # All steps at once (a few dependent loads in all, not a few per step).
         tl.store(need_row + steps, tl.zeros([BLOCK_W], tl.int8), mask=in_width)
         max_logit, argmax, approx = _step_stats(part_max_ptr, part_arg_ptr, part_approx_ptr, b * width + steps,
-                                                reachable, num_splits, temperature, BLOCK_S)
+                                                reachable, num_splits, temperature, not ALL_GREEDY, BLOCK_S)
         is_draft = steps < count
         t = start + steps
         draft = tl.load(draft_ptr + t, mask=is_draft, other=-1).to(tl.int64)

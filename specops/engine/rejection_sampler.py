@@ -82,12 +82,22 @@ class RejectionSampler(torch.nn.Module):
         else:
             self._seeds.seed()
 
-    def _params(self, params: Sequence[SamplingParams], device: torch.device) -> dict[str, torch.Tensor]:
+    def _params(self, params: Sequence[SamplingParams], device: torch.device) -> dict[str, torch.Tensor | None]:
+        """Per-request tensors; a parameter no request uses is None (all greedy: no
+        temperature; no top-k or top-p anywhere: none), which spares the kernels the
+        launches and passes that only those parameters need."""
         fresh = torch.randint(0, 2**63 - 1, (len(params),), generator=self._seeds, dtype=torch.int64).tolist()
+
+        def per_request(values, dtype, used):
+            return torch.tensor(values, dtype=dtype, device=device) if used else None
+
+        random = [p.temperature != 0 for p in params]
         return dict(
-            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
-            top_k=torch.tensor([p.top_k for p in params], dtype=torch.int32, device=device),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            temperature=per_request([p.temperature for p in params], torch.float32, any(random)),
+            top_k=per_request([p.top_k for p in params], torch.int32,
+                              any(r and p.top_k > 0 for r, p in zip(random, params))),
+            top_p=per_request([p.top_p for p in params], torch.float32,
+                              any(r and p.top_p < 1 for r, p in zip(random, params))),
             seeds=torch.tensor([p.seed if p.seed is not None else s for p, s in zip(params, fresh)],
                                dtype=torch.int64, device=device),
         )
