@@ -60,7 +60,8 @@ def copy_bandwidth_tbs(device: torch.device) -> float:
 
 def git_revision() -> str:
     """$SPECOPS_GIT_REV when set (a copy sent to a GPU machine may carry no .git, or a
-    stale one), else ``git rev-parse HEAD`` of the repo, else "unknown"."""
+    stale one), else ``git rev-parse HEAD`` of the repo (with "+dirty" when tracked files
+    differ from it), else "unknown"."""
     if os.environ.get("SPECOPS_GIT_REV"):
         return os.environ["SPECOPS_GIT_REV"]
     try:
@@ -68,7 +69,9 @@ def git_revision() -> str:
             raise OSError("no .git")
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
         if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
+            status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                                    capture_output=True, text=True, timeout=10)
+            return out.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         pass
     return "unknown"
