@@ -22,9 +22,6 @@ import triton.language as tl
 
 from .attention_plan import AttentionLaunch, multiprocessor_count, plan_paged_attention
 
-# Key tiles that every query row of a chunk sees skip the per-element causal mask.
-SPLIT_MASK = True
-
 
 # Grid (N, Hkv). Program (i, h) copies token i's key and value for KV head h into slot
 # slot_mapping[i] (skipped when -1 or outside the cache). Bytes: 4 D elements per program.
@@ -78,14 +75,11 @@ def _attend_tile(
     position,  # [BLOCK_M] key position of each query row
     row_valid,  # [BLOCK_M]
     tile, table_row_ptr, key_cache_ptr, value_cache_ptr, h, seq_len, num_blocks, scale, soft_cap, sliding_window,
-    first_masked,  # tiles before it are visible to every row of the chunk (key <= its first position)
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr,
 ):
     """One online-softmax step over keys [tile * BLOCK_N, (tile + 1) * BLOCK_N), which may
-    span several cache blocks: each key finds its block through the block table. A tile
-    before ``first_masked`` (no window) needs only the per-key mask of unreadable slots; the
-    others also the causal, window and row masks, element by element."""
+    span several cache blocks: each key finds its block through the block table."""
     n = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     key_position = tile * BLOCK_N + n
@@ -106,12 +100,10 @@ def _attend_tile(
     s = s * scale
     if HAS_SOFT_CAP:
         s = soft_cap * _tanh(s / soft_cap)
-    s = tl.where(kv_valid[None, :], s, float("-inf"))
-    if tile >= first_masked:
-        visible = (key_position[None, :] <= position[:, None]) & row_valid[:, None]
-        if HAS_WINDOW:
-            visible = visible & (key_position[None, :] > position[:, None] - sliding_window)
-        s = tl.where(visible, s, float("-inf"))
+    visible = (key_position[None, :] <= position[:, None]) & kv_valid[None, :] & row_valid[:, None]
+    if HAS_WINDOW:
+        visible = visible & (key_position[None, :] > position[:, None] - sliding_window)
+    s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
     alpha = tl.exp(m_i - m_safe)
@@ -162,7 +154,6 @@ def _paged_attention_kernel(
     WRITE_LSE: tl.constexpr,
     IEEE: tl.constexpr,
     PIPELINE: tl.constexpr,
-    SPLIT_MASK: tl.constexpr,
 ):
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
     b = tl.program_id(0)
@@ -196,11 +187,6 @@ def _paged_attention_kernel(
             key_start = tl.maximum(first_position + 1 - sliding_window, 0)
         tile_start = key_start // BLOCK_N
         num_tiles = tl.maximum(tl.cdiv(key_end, BLOCK_N) - tile_start, 0)
-        # Tiles wholly at or before the chunk's first position see no causal mask (with a
-        # window, every tile is masked: its start moves with the row).
-        first_masked = tile_start
-        if not HAS_WINDOW and SPLIT_MASK:
-            first_masked = tl.maximum(first_position + 1, 0) // BLOCK_N
         tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
         tile_lo = tile_start + split * tiles_per_split
         tile_hi = tl.minimum(tile_lo + tiles_per_split, tile_start + num_tiles)
@@ -211,7 +197,7 @@ def _paged_attention_kernel(
             for tile in tl.range(tile_lo, tile_hi):
                 m_i, l_i, acc = _attend_tile(
                     m_i, l_i, acc, q, position, row_valid, tile, table_row_ptr, key_cache_ptr, value_cache_ptr,
-                    h, seq_len, num_blocks, scale, soft_cap, sliding_window, first_masked,
+                    h, seq_len, num_blocks, scale, soft_cap, sliding_window,
                     NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, HAS_SOFT_CAP, HAS_WINDOW, IEEE,
                 )
         else:  # the interpreter cannot bound a range by loaded values
@@ -219,7 +205,7 @@ def _paged_attention_kernel(
             while tile < tile_hi:
                 m_i, l_i, acc = _attend_tile(
                     m_i, l_i, acc, q, position, row_valid, tile, table_row_ptr, key_cache_ptr, value_cache_ptr,
-                    h, seq_len, num_blocks, scale, soft_cap, sliding_window, first_masked,
+                    h, seq_len, num_blocks, scale, soft_cap, sliding_window,
                     NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, HAS_SOFT_CAP, HAS_WINDOW, IEEE,
                 )
                 tile += 1
@@ -312,7 +298,7 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, ROWS=launch.rows, NUM_SPLITS=splits,
         HAS_SOFT_CAP=soft_cap > 0, HAS_WINDOW=sliding_window > 0, WRITE_LSE=return_lse,
-        IEEE=query.dtype == torch.float32, PIPELINE=os.environ.get("TRITON_INTERPRET") != "1", SPLIT_MASK=SPLIT_MASK,
+        IEEE=query.dtype == torch.float32, PIPELINE=os.environ.get("TRITON_INTERPRET") != "1",
         num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
     if splits > 1:
