@@ -39,11 +39,8 @@ CASES = [
     ("screen, all greedy", verify_screen.screen_kernel, {"ALL_GREEDY": True, "RETURN_LOGPROBS": False}, True),
     ("top-k search", verify_rows.threshold_search_kernel, {"MODE": 0, "BLOCK_V": 256}, False),
     ("top-p search", verify_rows.threshold_search_kernel, {"MODE": 1, "BLOCK_V": 256}, False),
-    ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "PER_REQUEST": False, "BLOCK_V": 2048}, False),
-    ("fixed sum, per request", verify_rows.fixed_sum_kernel, {"SECOND": False, "PER_REQUEST": True, "BLOCK_V": 2048},
-     False),
-    ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "PER_REQUEST": False, "BLOCK_V": 2048},
-     False),
+    ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048}, False),
+    ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
     ("decide", verify_decide.decide_kernel, {}, False),
     ("race", verify_decide.race_kernel, {"BLOCK_V": 512, "MAX_BLOCKS": 32}, True),
 ]
@@ -76,7 +73,7 @@ def test_compiles_for_sm90_with_exact_arithmetic(name, fn, constexprs, approxima
     assert not re.search(r"\bfma\.rn\.f32", ptx), f"{name}: a contracted multiply-add"
     if not approximate:
         assert not re.search(r"div\.(full|approx)\.f32", ptx), f"{name}: an approximate division"
-    if name in ("race", "decide", "fixed sum", "fixed sum, per request"):
+    if name in ("race", "decide", "fixed sum"):
         assert re.search(r"div\.rn\.f32", ptx), f"{name}: its exact steps must divide with div.rn"
 
 

@@ -178,20 +178,15 @@ def verify(
         return out, num_accepted, logprobs
     sums = (need, part_max, part_arg, *top_k_search, *top_p_search)
     sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits)
-    # About one marked row per request: a (request, split) grid walks each request's steps
-    # (a slot grid would start B x width x splits programs, most of them exiting at once).
-    sum_grid = (num_slots if exact_everywhere else batch, sum_splits)
-    fixed_sum_kernel[sum_grid](part_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
-                               PER_REQUEST=not exact_everywhere, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags,
-                               **exact)
+    fixed_sum_kernel[(num_slots, sum_splits)](part_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
+                                              BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
     if has_top_p:
         for search_round in range(rounds):
             threshold_search_kernel[grid](*top_p_search, part_max, part_arg, *top_k_search, part_sum, *rows,
                                           *params, num_tokens, vocab, width, split_len, search_round,
                                           MODE=TOP_P_MODE, BLOCK_V=search_block_v, **flags, **exact)
         fixed_sum_kernel[(num_slots, sum_splits)](part_sum2, *sums, part_sum, *rows, *params, *sum_sizes,
-                                                  SECOND=True, PER_REQUEST=False, BLOCK_V=BLOCK_V,
-                                                  num_warps=SUM_WARPS, **flags, **exact)
+                                                  SECOND=True, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
 
     race_float = empty(batch, RACE_FLOATS.value, dtype=torch.float32)
     race_int = empty(batch, RACE_INTS.value, dtype=torch.int64)

@@ -321,12 +321,9 @@ def threshold_search_kernel(
         tl.store(out + NUM_CANDIDATES, tl.sum(total, axis=0))
 
 
-# Grid (batch * width, sum_splits), or (batch, sum_splits) with PER_REQUEST. Program
-# (slot, s), for the slots the screen marked, adds floor(w_v 2^40) over its split (int64,
-# exact), w = exp((z - max) / T) after top-k (SECOND: also top-p, p = w / z1 >= p_min).
-# Greedy slots sum at T = 1 (log-probabilities). PER_REQUEST (about one marked row per
-# request, no top-k/top-p): program (b, s) walks request b's steps and sums the marked
-# ones, so unmarked slots cost no program of their own.
+# Grid (batch * width, sum_splits). Program (slot, s), for the slots the screen marked,
+# adds floor(w_v 2^40) over its split (int64, exact), w = exp((z - max) / T) after top-k
+# (SECOND: also top-p, p = w / z1 >= p_min). Greedy slots sum at T = 1 (log-probabilities).
 # Bytes: the marked rows once per launch (usually the one row per request that races).
 @triton.jit(do_not_specialize=["num_tokens", "width", "row_splits"])
 def fixed_sum_kernel(
@@ -351,41 +348,17 @@ def fixed_sum_kernel(
     split_len,  # this pass's split (sized for the rows expected to be marked)
     row_splits,  # the split count of the row max and search partials
     SECOND: tl.constexpr,
-    PER_REQUEST: tl.constexpr,
     HAS_TOP_K: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
+    slot = tl.program_id(0)
     split = tl.program_id(1)
+    num_slots = tl.num_programs(0)
     num_splits = tl.num_programs(1)
-    if PER_REQUEST:
-        b = tl.program_id(0)
-        num_slots = tl.num_programs(0) * width
-        i = 0
-        while i < width:  # (a while loop: the interpreter cannot range over a runtime bound)
-            _slot_fixed_sum(part_sum_ptr, need_ptr, part_max_ptr, part_arg_ptr, top_k_state_ptr, top_k_agg_ptr,
-                            top_p_state_ptr, top_p_agg_ptr, first_sum_ptr, target_ptr, bonus_ptr, cu_ptr,
-                            temperature_ptr, top_k_ptr, top_p_ptr, b, i, num_slots, split, num_splits, num_tokens,
-                            vocab, width, split_len, row_splits, SECOND, HAS_TOP_K, HAS_TOP_P, BLOCK_V, BLOCK_S)
-            i += 1
-    else:
-        slot = tl.program_id(0)
-        _slot_fixed_sum(part_sum_ptr, need_ptr, part_max_ptr, part_arg_ptr, top_k_state_ptr, top_k_agg_ptr,
-                        top_p_state_ptr, top_p_agg_ptr, first_sum_ptr, target_ptr, bonus_ptr, cu_ptr,
-                        temperature_ptr, top_k_ptr, top_p_ptr, slot // width, slot % width, tl.num_programs(0),
-                        split, num_splits, num_tokens, vocab, width, split_len, row_splits, SECOND, HAS_TOP_K,
-                        HAS_TOP_P, BLOCK_V, BLOCK_S)
-
-
-@triton.jit
-def _slot_fixed_sum(part_sum_ptr, need_ptr, part_max_ptr, part_arg_ptr, top_k_state_ptr, top_k_agg_ptr,
-                    top_p_state_ptr, top_p_agg_ptr, first_sum_ptr, target_ptr, bonus_ptr, cu_ptr, temperature_ptr,
-                    top_k_ptr, top_p_ptr, b, i, num_slots, split, num_splits, num_tokens, vocab, width, split_len,
-                    row_splits, SECOND: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
-                    BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
-    """fixed_sum_kernel's work for step i of request b, split ``split``."""
-    slot = b * width + i
+    b = slot // width
+    i = slot % width
     row_ptr, _start, count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
     temperature, uses_top_k, top_k, uses_top_p, top_p = request_params(
         b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)
