@@ -111,10 +111,9 @@ def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters) -> list[dic
     args = verify_args(x, device)
     small = first_requests(args, min(B, CHECKED_REQUESTS), k)
     want = reference_verify(*small)
-    no_temperature = args[:5] + (None,) + args[6:]  # greedy: every request greedy, promised
-    small_no_temperature = small[:5] + (None,) + small[6:]
-    variants = [("", no_temperature, small_no_temperature), ("-zeros", args, small)] if x.mode == "greedy" else [
-        ("", args, small)]
+    variants = [("", args, small)]
+    if x.mode == "greedy":  # temperature=None (every request greedy, promised), then zeros
+        variants = [("", args[:5] + (None,) + args[6:], small[:5] + (None,) + small[6:]), ("-zeros", args, small)]
     for backend in backends:
         for suffix, call_args, small_args in variants:
             impl = f"specops-{backend}{suffix}"

@@ -36,12 +36,12 @@ void define_sampling_schemas(torch::Library& m) {
       "Tensor? draft_probs, Tensor target_probs, Tensor exponentials) -> Tensor");
 }
 
-// The fused verify op (C++ CPU and Triton kernels and the reference so far; CUDA to come).
+// The fused verify op (C++ CPU, CUDA and Triton kernels and the reference).
 // target_logits [T, V] float32|bfloat16|float16, bonus_logits [B, V], draft_token_ids [T],
 // draft_probs [T, V] float32 (None: n-gram), temperature [B] float32 (0 = greedy; None: every
 // request greedy), top_k [B] int32, top_p [B] float32, seeds [B] int64, positions [B] int64
-// (absolute position of each request's first draft) -> output_token_ids [B, S + 1] int32, num_accepted [B] int32,
-// logprobs [B, S + 1] float32 ([0, 0] unless return_logprobs)
+// (absolute position of each request's first draft) -> output_token_ids [B, S + 1] int32,
+// num_accepted [B] int32, logprobs [B, S + 1] float32 ([0, 0] unless return_logprobs)
 void define_verify_schema(torch::Library& m) {
   m.def(
       "verify(Tensor target_logits, Tensor bonus_logits, Tensor draft_token_ids, Tensor? draft_probs, "

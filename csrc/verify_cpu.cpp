@@ -197,7 +197,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
     at::parallel_for(0, s.batch, 1, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
         const RequestParams params{
-            temperature.has_value() ? temperature->data_ptr<float>()[b] : 0.0f, top_k.has_value() ? top_k->data_ptr<int32_t>()[b] : 0,
+            temperature.has_value() ? temperature->data_ptr<float>()[b] : 0.0f,
+            top_k.has_value() ? top_k->data_ptr<int32_t>()[b] : 0,
             top_p.has_value() ? top_p->data_ptr<float>()[b] : 1.0f, seeds.data_ptr<int64_t>()[b],
             positions.data_ptr<int64_t>()[b]};
         verify_request<scalar_t>(target, bonus + b * s.vocab, draft, q,

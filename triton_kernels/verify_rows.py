@@ -139,8 +139,8 @@ def top_p_initial(top_p):
 @triton.jit
 def _scan(row_ptr, v_begin, split_len, vocab, scale, WITH_SUM: tl.constexpr, BLOCK_V: tl.constexpr):
     """Per-lane (max, first index of it, approximate sum relative to the lane max) over
-    [v_begin, v_begin + split_len) of a row. WITH_SUM False (greedy rows): the sums stay 0
-    and no exp2 is issued."""
+    [v_begin, v_begin + split_len) of a row. WITH_SUM False (an all-greedy batch): the sums
+    stay 0 and no exp2 is issued."""
     # Per-lane running max with strict >: each lane keeps its first maximum, so the
     # reduction's lowest index among equal maxima is the first one in the split.
     best = tl.full([BLOCK_V], float("-inf"), tl.float32)
@@ -166,12 +166,11 @@ def _scan(row_ptr, v_begin, split_len, vocab, scale, WITH_SUM: tl.constexpr, BLO
 
 # Grid (batch * width, num_splits). Program (slot, s) reads entries
 # [s * split_len, (s + 1) * split_len) of the slot's row once: its max, first argmax, and,
-# for a random request, an approximate normaliser sum_v 2^((z_v - m_s) log2(e) / T)
-# relative to the split's max m_s (hardware exp2, online rescaling; greedy rows store 0 and
-# skip the exp2). The approximate sums let the screen settle most acceptance tests without
+# an approximate normaliser sum_v 2^((z_v - m_s) log2(e) / T) relative to the split's max
+# m_s (hardware exp2, online rescaling; unused in greedy rows). The approximate sums let the screen settle most acceptance tests without
 # the exact normaliser (verify_screen.py), so the second, exact pass reads only the rows
 # that need it. ALL_GREEDY: the caller promised every request is greedy (temperature not
-# read). Bytes: the row once over all splits.
+# read, no sums: 0 stored). Bytes: the row once over all splits.
 @triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
 def row_max_kernel(
     part_max_ptr,  # [batch * width, num_splits] float32
@@ -196,17 +195,17 @@ def row_max_kernel(
     if i <= count:
         v_begin = split * split_len
         out = slot.to(tl.int64) * tl.num_programs(1) + split
-        temperature = 0.0 if ALL_GREEDY else tl.load(temperature_ptr + b)
-        if temperature == 0.0:
-            best, best_index, _approx = _scan(row_ptr, v_begin, split_len, vocab, 0.0, False, BLOCK_V)
-            split_sum = tl.zeros([], tl.float32)
+        if ALL_GREEDY:
+            scale = 0.0
         else:
-            scale = 1.4426950408889634 / temperature
-            best, best_index, approx = _scan(row_ptr, v_begin, split_len, vocab, scale, True, BLOCK_V)
-            split_best = tl.max(best, axis=0)
+            temperature = tl.load(temperature_ptr + b)
+            scale = tl.where(temperature == 0.0, 0.0, 1.4426950408889634 / temperature)  # greedy: unused
+        best, best_index, approx = _scan(row_ptr, v_begin, split_len, vocab, scale, not ALL_GREEDY, BLOCK_V)
+        split_best = tl.max(best, axis=0)
+        split_sum = tl.zeros([], tl.float32)
+        if not ALL_GREEDY:
             lane_weight = tl.where(best == float("-inf"), 0.0, tl.exp2((best - split_best) * scale))
             split_sum = tl.sum(approx * lane_weight, axis=0)
-        split_best = tl.max(best, axis=0)
         tl.store(part_max_ptr + out, split_best)
         tl.store(part_arg_ptr + out, tl.min(tl.where(best == split_best, best_index, INDEX_MAX), axis=0))
         tl.store(part_approx_ptr + out, split_sum)
