@@ -61,6 +61,21 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     )
 
 
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _exp2(x, FAST: tl.constexpr):
+    """2^x. FAST (compiled kernels): the bare MUFU.EX2 (ex2.approx.ftz), without the four
+    instructions Triton's exp2 adds per element to keep subnormal results; results below
+    2^-126 (weights under 1e-38 of the row max) become 0. The interpreter takes tl.exp2."""
+    if FAST:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.exp2(x)
+
+
 @triton.jit
 def _tanh(x):
     t = tl.exp(-2.0 * tl.abs(x))
@@ -70,16 +85,18 @@ def _tanh(x):
 
 @triton.jit
 def _attend_tile(
-    m_i, l_i, acc,  # running max [BLOCK_M], running sum [BLOCK_M], accumulator [BLOCK_M, BLOCK_D] float32
+    m_i, l_i, acc,  # running max (base 2) [BLOCK_M], running sum [BLOCK_M], accumulator [BLOCK_M, BLOCK_D] float32
     q,  # [BLOCK_M, BLOCK_D] the tile's query rows
     position,  # [BLOCK_M] key position of each query row
     row_valid,  # [BLOCK_M]
     tile, table_row_ptr, key_cache_ptr, value_cache_ptr, h, seq_len, num_blocks, scale, soft_cap, sliding_window,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr,
+    FAST_EXP2: tl.constexpr,
 ):
     """One online-softmax step over keys [tile * BLOCK_N, (tile + 1) * BLOCK_N), which may
-    span several cache blocks: each key finds its block through the block table."""
+    span several cache blocks: each key finds its block through the block table. Scores are
+    kept in base 2 (log2(e) folded into the scale): one multiply and one exp2 a score."""
     n = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     key_position = tile * BLOCK_N + n
@@ -97,17 +114,20 @@ def _attend_tile(
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
-    s = s * scale
     if HAS_SOFT_CAP:
-        s = soft_cap * _tanh(s / soft_cap)
-    visible = (key_position[None, :] <= position[:, None]) & kv_valid[None, :] & row_valid[:, None]
+        s = (soft_cap * LOG2E) * _tanh(s * (scale / soft_cap))
+    else:
+        s = s * (scale * LOG2E)
+    # Padding rows see nothing (limit -1): one compare an element, and the per-key mask.
+    row_limit = tl.where(row_valid, position, -1)  # [BLOCK_M]
+    visible = (key_position[None, :] <= row_limit[:, None]) & kv_valid[None, :]
     if HAS_WINDOW:
         visible = visible & (key_position[None, :] > position[:, None] - sliding_window)
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-    alpha = tl.exp(m_i - m_safe)
-    p = tl.exp(s - m_safe[:, None])
+    alpha = _exp2(m_i - m_safe, FAST_EXP2)
+    p = _exp2(s - m_safe[:, None], FAST_EXP2)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if IEEE:
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
@@ -116,12 +136,15 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
-# Grid (B, Hkv, NUM_SPLITS). Program (b, h, s) takes sequence b's query rows whose heads map
-# to KV head h, ROWS rows at a time (a tile of ROWS x GROUP rows: one pass for q_len <=
-# ROWS), and attends them to the s-th of NUM_SPLITS equal shares of the key tiles those rows
-# can see (causal, window), BLOCK_N keys per tile, with an online softmax. NUM_SPLITS == 1:
-# it writes the output (and LSE); else it writes its normalised partial output and its LSE
-# (-inf when its share held no visible key) for _merge_splits_kernel. Bytes: the visible
+# Grid (B * Hkv, NUM_SPLITS), KV heads fastest: the programs of one sequence's KV heads
+# start together and read the neighbouring head slices of the same cache rows (H100: 1-2%
+# at the shapes of more than one wave). Program (b * Hkv + h, s) takes sequence b's query
+# rows whose heads map to KV head h, ROWS rows at a time (a tile of ROWS x GROUP rows: one
+# pass for q_len <= ROWS), and attends them to the s-th of NUM_SPLITS equal shares of the
+# key tiles those rows can see (causal, window), BLOCK_N keys per tile, with an online
+# softmax. NUM_SPLITS == 1: it writes the output (and LSE); else it writes its normalised
+# partial output and its LSE (-inf when its share held no visible key) for
+# _merge_splits_kernel. Bytes: the visible
 # part of K and V of head h once per ROWS query rows; the query rows once; the output once
 # (or NUM_SPLITS float32 partials).
 @triton.jit(do_not_specialize=["num_blocks", "max_blocks", "sliding_window", "num_query_tokens"])
@@ -156,9 +179,9 @@ def _paged_attention_kernel(
     PIPELINE: tl.constexpr,
 ):
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    split = tl.program_id(2)
+    b = tl.program_id(0) // NUM_KV_HEADS
+    h = tl.program_id(0) % NUM_KV_HEADS
+    split = tl.program_id(1)
     # Clamped so that bad values (validate=False) stay in bounds.
     start = tl.minimum(tl.maximum(tl.load(cu_query_lens_ptr + b), 0), num_query_tokens)
     end = tl.minimum(tl.maximum(tl.load(cu_query_lens_ptr + b + 1), start), num_query_tokens)
@@ -198,7 +221,7 @@ def _paged_attention_kernel(
                 m_i, l_i, acc = _attend_tile(
                     m_i, l_i, acc, q, position, row_valid, tile, table_row_ptr, key_cache_ptr, value_cache_ptr,
                     h, seq_len, num_blocks, scale, soft_cap, sliding_window,
-                    NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, HAS_SOFT_CAP, HAS_WINDOW, IEEE,
+                    NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, HAS_SOFT_CAP, HAS_WINDOW, IEEE, PIPELINE,
                 )
         else:  # the interpreter cannot bound a range by loaded values
             tile = tile_lo
@@ -206,14 +229,14 @@ def _paged_attention_kernel(
                 m_i, l_i, acc = _attend_tile(
                     m_i, l_i, acc, q, position, row_valid, tile, table_row_ptr, key_cache_ptr, value_cache_ptr,
                     h, seq_len, num_blocks, scale, soft_cap, sliding_window,
-                    NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, HAS_SOFT_CAP, HAS_WINDOW, IEEE,
+                    NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, HAS_SOFT_CAP, HAS_WINDOW, IEEE, PIPELINE,
                 )
                 tile += 1
         # A row that saw no key (a split's empty share; or a row masked out entirely,
         # possible only with validate=False) gets output 0 and LSE -inf.
         seen = l_i > 0.0
         out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
-        lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+        lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) / LOG2E, float("-inf"))  # natural log
         out_mask = row_valid[:, None] & d_valid[None, :]
         if NUM_SPLITS == 1:
             tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -292,7 +315,7 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
     else:
         kernel_out, kernel_lse = out, (lse if return_lse else out)
     block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K >= 16
-    _paged_attention_kernel[(batch, num_kv_heads, splits)](
+    _paged_attention_kernel[(batch * num_kv_heads, splits)](
         kernel_out, kernel_lse, query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
         scale, soft_cap if soft_cap > 0 else 1.0, sliding_window, num_blocks, max_blocks, num_query_tokens,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,

@@ -1,0 +1,167 @@
+"""Sweep the Triton paged_attention launch (tiles, warps, pipeline depth, splits) at a few
+shapes against the planned launch, on a GPU: which settings the plan should pick; or A/B
+versions of the kernel file against each other at their planned launches.
+
+Each shape (B, L, q_len, Hq, Hkv, D; bf16, block 16, shuffled blocks, every sequence L
+keys) runs every candidate; each output is compared with the planned launch's (a candidate
+that differs by more than bf16 rounding is reported, not timed). Times are medians of
+CUDA-graph replays, ROUNDS rounds over the candidates in turn (the figure is the median of
+the rounds), so a drift of the machine hits every candidate alike. The CUDA kernel is
+timed beside them when it is built.
+
+    python3 bench/sweep_attention.py                       # the default shapes, launch grid
+    python3 bench/sweep_attention.py --shape 32,1024,5,32,8,64 --out $OUT
+    python3 bench/sweep_attention.py --grid plan --kernels old_attention.py   # A/B kernel files
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import common
+import torch
+
+import specops
+from specops.triton_kernels import attention as kernels
+from specops.triton_kernels.attention_plan import AttentionLaunch, multiprocessor_count, plan_paged_attention
+
+BLOCK_SIZE = 16
+ROUNDS = 3
+# (B, L, q_len, Hq, Hkv, D): the engine's llama-1b verify step (issue 5), then the
+# ANCHORS.md attention shapes nearest their targets.
+DEFAULT_SHAPES = [(32, 1024, 5, 32, 8, 64), (32, 4096, 5, 32, 8, 64), (16, 4096, 5, 32, 8, 128),
+                  (64, 1024, 1, 32, 8, 128), (1, 4096, 1, 32, 8, 128), (64, 4096, 5, 32, 8, 128)]
+
+
+def inputs(B, L, q_len, Hq, Hkv, D, device):
+    g = torch.Generator(device=device).manual_seed(0)
+    blocks = -(-L // BLOCK_SIZE)
+    cache_shape = (B * blocks, BLOCK_SIZE, Hkv, D)
+    key_cache = torch.randn(cache_shape, generator=g, device=device).to(torch.bfloat16)
+    value_cache = torch.randn(cache_shape, generator=g, device=device).to(torch.bfloat16)
+    block_table = torch.randperm(B * blocks, generator=g, device=device).view(B, blocks).to(torch.int32)
+    seq_lens = torch.full((B,), L, dtype=torch.int32, device=device)
+    cu_query_lens = (torch.arange(B + 1, device=device) * q_len).to(torch.int32)
+    query = torch.randn(B * q_len, Hq, D, generator=g, device=device).to(torch.bfloat16)
+    return query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, D**-0.5
+
+
+def launch_grid(planned: AttentionLaunch, D: int) -> list[AttentionLaunch]:
+    """The plan, then its tile rows with every block_n / warps / stages / splits nearby."""
+    splits = sorted({1, 2, 3, 4, planned.num_splits, max(1, planned.num_splits // 2), planned.num_splits * 2})
+    found = [planned]
+    block_ns = [32, 64, 128] if D <= 128 else [32, 64]
+    for block_n, warps, stages, num_splits in itertools.product(block_ns, [4, 8], [2, 3, 4], splits):
+        if num_splits > 32:
+            continue
+        launch = AttentionLaunch(rows=planned.rows, block_m=planned.block_m, block_n=block_n, num_splits=num_splits,
+                                 num_warps=warps, num_stages=stages)
+        if launch not in found:
+            found.append(launch)
+    return found
+
+
+def load_kernel_file(path: str):
+    """Another version of triton_kernels/attention.py as a module of its own (its relative
+    import made absolute; written beside the original, since triton.jit reads the source)."""
+    source = Path(path).read_text().replace("from .attention_plan import",
+                                            "from specops.triton_kernels.attention_plan import")
+    name = f"sweep_kernel_{Path(path).stem}"
+    copy = Path(tempfile.gettempdir()) / f"{name}.py"
+    copy.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, copy)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def label(launch: AttentionLaunch) -> str:
+    return f"N={launch.block_n} w={launch.num_warps} st={launch.num_stages} sp={launch.num_splits}"
+
+
+def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files) -> list[dict]:
+    B, L, q_len, Hq, Hkv, D = shape
+    args = inputs(*shape, device)
+    planned = plan_paged_attention(B * q_len, B, Hq, Hkv, D, args[3].shape[1] * BLOCK_SIZE,
+                                   multiprocessor_count(device), max_query_len=q_len)
+    want = kernels.paged_attention(*args, max_query_len=q_len)[0].float()
+    floor_bytes = 2 * (2 * B * L * Hkv * D + 2 * B * q_len * Hq * D)
+    # name -> callable: this tree's kernel at each launch, other kernel files at the plan,
+    # the CUDA kernel at its own plan.
+    calls = {}
+    for launch in launch_grid(planned, D) if grid == "launches" else [planned]:
+        calls["this " + label(launch)] = (
+            lambda launch=launch: kernels.paged_attention(*args, max_query_len=q_len, launch=launch))
+    for path, module in kernel_files.items():
+        calls[f"{path} {label(planned)}"] = lambda module=module: module.paged_attention(*args, max_query_len=q_len)
+    calls["cuda kernel"] = lambda: specops.paged_attention(*args, max_query_len=q_len, backend="cuda", validate=False)
+    replays = {}
+    for name, fn in calls.items():
+        try:
+            relative = ((fn()[0].float() - want).norm() / want.norm()).item()
+            if not relative < 1e-2:
+                print(f"  {name}: output differs from the plan's (relative {relative:.1e}), not timed")
+                continue
+            replays[name] = graph_replay(fn)
+        except Exception as error:  # noqa: BLE001 -- a launch that does not compile, a kernel not built: skip
+            print(f"  {name}: {type(error).__name__}: {str(error)[:120]}")
+            torch.cuda.synchronize()
+    times = {name: [] for name in replays}
+    for _ in range(ROUNDS):
+        for name, replay in replays.items():
+            times[name].append(common.time_us(replay, device, iters=iters))
+    floor_us = floor_bytes / copy_bw_tbs / 1e6
+    rows = [{"B": B, "L": L, "q_len": q_len, "Hq": Hq, "Hkv": Hkv, "D": D, "what": name,
+             "us": round(statistics.median(ts), 2), "rounds_us": [round(t, 2) for t in ts],
+             "floor_us": round(floor_us, 2)} for name, ts in times.items()]
+    rows.sort(key=lambda row: row["us"])
+    print(f"B={B} L={L} q_len={q_len} {Hq}/{Hkv} D={D}: floor {floor_us:.1f} us, plan {label(planned)}")
+    for row in rows[:10]:
+        print(f"  {row['what']:50s} {row['us']:7.1f} us ({row['us'] / floor_us:.2f}x the floor) rounds "
+              f"{row['rounds_us']}")
+    return rows
+
+
+def graph_replay(fn):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", action="append", type=lambda v: tuple(int(x) for x in v.split(",")),
+                        help="B,L,q_len,Hq,Hkv,D (repeatable); default: the engine's and ANCHORS.md's")
+    parser.add_argument("--grid", choices=["launches", "plan"], default="launches",
+                        help="launches: the plan and the launches near it; plan: the planned launch alone")
+    parser.add_argument("--kernels", action="append", default=[],
+                        help="another version of triton_kernels/attention.py to time at its plan (repeatable)")
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--out", default=None, help="folder for sweep-attention.json")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    env = common.env_stamp(device)
+    kernel_files = {path: load_kernel_file(path) for path in args.kernels}
+    rows = []
+    for shape in args.shape or DEFAULT_SHAPES:
+        rows += sweep_shape(shape, device, env["copy_bw_tbs"], args.iters, args.grid, kernel_files)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "sweep-attention.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
