@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 # Keys that are measurements or labels, not part of a row's shape.
-NOT_SHAPE = {"bench", "stage", "impl", "us", "floor_us", "gbps", "pct_copy_bw", "max_err", "note"}
+NOT_SHAPE = {"bench", "stage", "impl", "us", "us_eager", "floor_us", "gbps", "pct_copy_bw", "max_err", "note"}
 
 
 def load_rows(paths: list[Path]) -> list[dict]:
@@ -51,9 +51,11 @@ def plot(paths: list[Path], out: Path | None = None) -> Path:
         for row in panel:
             x = shapes.index(shape_of(row)) - 0.4 + width * (present.index(row["label"]) + 0.5)
             ax.bar(x, row["us"], width, color=colors[row["label"]])
-            ax.hlines(row["floor_us"], x - width / 2, x + width / 2, colors="black", linewidth=2)
+            if "floor_us" in row:  # rows with no floor (the engine's scoring step) get no tick
+                ax.hlines(row["floor_us"], x - width / 2, x + width / 2, colors="black", linewidth=2)
         handles = [Patch(color=colors[label], label=label) for label in present]
-        handles.append(Line2D([], [], color="black", linewidth=2, label="floor (bytes / copy bw)"))
+        if any("floor_us" in row for row in panel):
+            handles.append(Line2D([], [], color="black", linewidth=2, label="floor (bytes / copy bw)"))
         ax.set_yscale("log")
         ax.set_ylabel("µs (median)")
         ax.set_title(f"{bench} {stage}".strip())
