@@ -26,6 +26,7 @@ from pathlib import Path
 
 import common
 import torch
+from bench_attention import graph_replay
 
 import specops
 from specops.triton_kernels import attention as kernels
@@ -126,19 +127,6 @@ def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files) -> list[d
         print(f"  {row['what']:50s} {row['us']:7.1f} us ({row['us'] / floor_us:.2f}x the floor) rounds "
               f"{row['rounds_us']}")
     return rows
-
-
-def graph_replay(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def main() -> None:
