@@ -85,7 +85,7 @@ def _tanh(x):
 
 @triton.jit
 def _attend_tile(
-    m_i, l_i, acc,  # running max (base 2) [BLOCK_M], running sum [BLOCK_M], accumulator [BLOCK_M, BLOCK_D] float32
+    m_i, l_i, acc,  # running max in base 2 [BLOCK_M], sum [BLOCK_M], accumulator [BLOCK_M, BLOCK_D] float32
     q,  # [BLOCK_M, BLOCK_D] the tile's query rows
     position,  # [BLOCK_M] key position of each query row
     row_valid,  # [BLOCK_M]
@@ -144,9 +144,8 @@ def _attend_tile(
 # key tiles those rows can see (causal, window), BLOCK_N keys per tile, with an online
 # softmax. NUM_SPLITS == 1: it writes the output (and LSE); else it writes its normalised
 # partial output and its LSE (-inf when its share held no visible key) for
-# _merge_splits_kernel. Bytes: the visible
-# part of K and V of head h once per ROWS query rows; the query rows once; the output once
-# (or NUM_SPLITS float32 partials).
+# _merge_splits_kernel. Bytes: the visible part of K and V of head h once per ROWS query
+# rows; the query rows once; the output once (or NUM_SPLITS float32 partials).
 @triton.jit(do_not_specialize=["num_blocks", "max_blocks", "sliding_window", "num_query_tokens"])
 def _paged_attention_kernel(
     out_ptr,  # [Tq, Hq, D] dtype of query; [NUM_SPLITS, Tq, Hq, D] float32 when NUM_SPLITS > 1

@@ -165,12 +165,13 @@ def _scan(row_ptr, v_begin, split_len, vocab, scale, WITH_SUM: tl.constexpr, BLO
 
 
 # Grid (batch * width, num_splits). Program (slot, s) reads entries
-# [s * split_len, (s + 1) * split_len) of the slot's row once: its max, first argmax, and,
+# [s * split_len, (s + 1) * split_len) of the slot's row once: its max, first argmax, and
 # an approximate normaliser sum_v 2^((z_v - m_s) log2(e) / T) relative to the split's max
-# m_s (hardware exp2, online rescaling; unused in greedy rows). The approximate sums let the screen settle most acceptance tests without
-# the exact normaliser (verify_screen.py), so the second, exact pass reads only the rows
-# that need it. ALL_GREEDY: the caller promised every request is greedy (temperature not
-# read, no sums: 0 stored). Bytes: the row once over all splits.
+# m_s (hardware exp2, online rescaling; unused in greedy rows). The approximate sums let
+# the screen settle most acceptance tests without the exact normaliser (verify_screen.py),
+# so the second, exact pass reads only the rows that need it. ALL_GREEDY: the caller
+# promised every request is greedy (temperature not read, no sums: 0 stored). Bytes: the
+# row once over all splits.
 @triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
 def row_max_kernel(
     part_max_ptr,  # [batch * width, num_splits] float32
