@@ -9,23 +9,22 @@ namespace specops {
 
 namespace cg = cooperative_groups;
 
-// One reduction value: a float pair and an integer, enough for every reduction here.
+// One reduction value: a float and an integer, enough for every reduction here.
 struct Slot {
-  float f;    // max: value; race: score
-  float g;    // race: p of the candidate
-  int64_t i;  // max / race: index (ties to the lowest); sums and counts
+  float f;    // max: value
+  int64_t i;  // max: index (ties to the lowest); sums and counts
 };
 
 struct MaxCombine {
-  static __device__ Slot identity() { return Slot{-INFINITY, 0.f, INT64_MAX}; }
+  static __device__ Slot identity() { return Slot{-INFINITY, INT64_MAX}; }
   __device__ Slot operator()(const Slot& a, const Slot& b) const {
     return (b.f > a.f || (b.f == a.f && b.i < a.i)) ? b : a;
   }
 };
 
 struct SumCombine {
-  static __device__ Slot identity() { return Slot{0.f, 0.f, 0}; }
-  __device__ Slot operator()(const Slot& a, const Slot& b) const { return Slot{0.f, 0.f, a.i + b.i}; }
+  static __device__ Slot identity() { return Slot{0.f, 0}; }
+  __device__ Slot operator()(const Slot& a, const Slot& b) const { return Slot{0.f, a.i + b.i}; }
 };
 
 template <typename Combine>
@@ -33,7 +32,6 @@ __device__ inline Slot warp_reduce(Slot s, Combine combine) {
   for (int offset = 16; offset > 0; offset /= 2) {
     Slot other;
     other.f = __shfl_down_sync(0xFFFFFFFFu, s.f, offset);
-    other.g = __shfl_down_sync(0xFFFFFFFFu, s.g, offset);
     other.i = __shfl_down_sync(0xFFFFFFFFu, s.i, offset);
     s = combine(s, other);
   }
@@ -73,7 +71,7 @@ struct ClusterReducer {
   }
 
   __device__ int64_t sum(cg::cluster_group& cluster, int64_t value) {
-    return reduce(cluster, Slot{0.f, 0.f, value}, SumCombine{}).i;
+    return reduce(cluster, Slot{0.f, value}, SumCombine{}).i;
   }
 };
 

@@ -1,4 +1,4 @@
-// exp, log and Exp(1) draws from IEEE float32 operations alone, host and device, bit for
+// exp and log from IEEE float32 operations alone, host and device, bit for
 // bit reference/repro_math.py (see there for the method and accuracy). Every operation is
 // a separate correctly rounded one: the CPU build passes -ffp-contract=off, and device
 // code uses __fmul_rn/__fadd_rn, which nvcc never contracts into an FMA.
@@ -66,23 +66,6 @@ SPECOPS_HOST_DEVICE float log(float u) {
   float acc = kSeries[0];
   for (int i = 1; i < 5; ++i) acc = add(mul(acc, s2), kSeries[i]);
   return add(mul(static_cast<float>(e), 0.6931471805599453f), mul(acc, s));
-}
-
-// An Exp(1) draw from a word: -log1p(-v), v = (word + 1/2) 2^-32 (+inf for the top words).
-SPECOPS_HOST_DEVICE float exponential(uint32_t word) {
-  constexpr float kSeries[7] = {1.0f / 13.0f, 1.0f / 11.0f, 1.0f / 9.0f, 1.0f / 7.0f,
-                                1.0f / 5.0f,  1.0f / 3.0f,  1.0f};
-  const float v = mul(add(static_cast<float>(word), 0.5f), 2.3283064365386963e-10f);
-  if (v < 0.5f) {
-    const float x = -v;
-    const float s = div(x, add(2.0f, x));
-    const float s2 = mul(s, s);
-    float acc = kSeries[0];
-    for (int i = 1; i < 7; ++i) acc = add(mul(acc, s2), kSeries[i]);
-    return -mul(mul(s, acc), 2.0f);
-  }
-  const float one_minus = sub(1.0f, v);
-  return one_minus > 0.0f ? -log(one_minus) : INFINITY;
 }
 
 }  // namespace repro

@@ -37,6 +37,8 @@ void normalise(const std::vector<float>& w, std::vector<float>& p) {
   for (size_t v = 0; v < w.size(); ++v) p[v] = w[v] / z;
 }
 
+int64_t fixed_mass(float x) { return static_cast<int64_t>(std::floor(x * kFixedScale)); }
+
 // Keep v when the mass of tokens strictly more probable than v is below top_p.
 std::vector<bool> top_p_keep(const std::vector<float>& p, float top_p) {
   const size_t vocab = p.size();
@@ -61,14 +63,16 @@ std::vector<bool> top_p_keep(const std::vector<float>& p, float top_p) {
   return keep;
 }
 
-// The processed target distribution of one row (reference/verify.py, processed_probs).
-void processed_probs(const std::vector<float>& z, float temperature, int64_t top_k, float top_p,
-                     std::vector<float>& p) {
+// The processed weights of one row (reference/verify.py, processed_weights) into w and
+// the distribution w / Z into p.
+void processed(const std::vector<float>& z, float temperature, int64_t top_k, float top_p, std::vector<float>& w,
+               std::vector<float>& p) {
   const int64_t vocab = static_cast<int64_t>(z.size());
   const float max_logit = *std::max_element(z.begin(), z.end());
   if (max_logit == -INFINITY) {  // no finite logit: all mass on token 0
-    std::fill(p.begin(), p.end(), 0.0f);
-    p[0] = 1.0f;
+    std::fill(w.begin(), w.end(), 0.0f);
+    w[0] = 1.0f;
+    normalise(w, p);
     return;
   }
   float kth = -INFINITY;
@@ -77,7 +81,6 @@ void processed_probs(const std::vector<float>& z, float temperature, int64_t top
     std::nth_element(copy.begin(), copy.begin() + (top_k - 1), copy.end(), std::greater<float>());
     kth = copy[top_k - 1];
   }
-  std::vector<float> w(vocab);
   for (int64_t v = 0; v < vocab; ++v) {
     w[v] = z[v] >= kth ? repro::exp((z[v] - max_logit) / temperature) : 0.0f;
   }
@@ -91,20 +94,21 @@ void processed_probs(const std::vector<float>& z, float temperature, int64_t top
 
 float log_prob(float p) { return repro::log(std::max(p, FLT_MIN)); }
 
-// argmax_v w_v / E_v with E_v the Exp(1) draws of (seed, position); ties to the lowest index.
-int64_t race(const std::vector<float>& weights, int64_t seed, int64_t position) {
-  float best = -INFINITY;
-  int64_t best_index = 0;
-  PhiloxWords words{};
-  for (int64_t v = 0; v < static_cast<int64_t>(weights.size()); ++v) {
-    if (v % 4 == 0) words = philox_block(seed, position, kPurposeSample, static_cast<uint32_t>(v / 4));
-    const float score = race_score(weights[v], repro::exponential(words.w[v % 4]));
-    if (score > best) {
-      best = score;
-      best_index = v;
-    }
+// The token drawn by inversion from integer masses at (seed, position): U = floor(X M / 2^64)
+// with X the position's 64-bit sample draw, the v with C_v <= U < C_v + m_v (0 when M = 0).
+int64_t sample_masses(const std::vector<int64_t>& masses, int64_t seed, int64_t position) {
+  int64_t total = 0;
+  for (int64_t m : masses) total += m;
+  if (total == 0) return 0;
+  const PhiloxWords words = philox_block(seed, position, kPurposeSample, 0);
+  const uint64_t x = static_cast<uint64_t>(words.w[0]) | (static_cast<uint64_t>(words.w[1]) << 32);
+  const int64_t u = static_cast<int64_t>((static_cast<unsigned __int128>(x) * static_cast<uint64_t>(total)) >> 64);
+  int64_t cumulative = 0;
+  for (size_t v = 0; v < masses.size(); ++v) {
+    cumulative += masses[v];
+    if (cumulative > u) return static_cast<int64_t>(v);
   }
-  return best_index;
+  return static_cast<int64_t>(masses.size()) - 1;  // unreachable: u < total
 }
 
 struct RequestParams {
@@ -128,7 +132,8 @@ template <typename scalar_t>
 void verify_request(const scalar_t* target, const scalar_t* bonus_row, TokenIds draft, const float* draft_probs,
                     DraftRange r, int64_t vocab, const RequestParams& params, int32_t* out,
                     int32_t* num_accepted, float* logprobs) {
-  std::vector<float> z(vocab), p(vocab), residual(vocab);
+  std::vector<float> z(vocab), w(vocab), p(vocab);
+  std::vector<int64_t> masses(vocab);
   const bool greedy = params.temperature == 0.0f;
   for (int64_t i = 0; i <= r.count; ++i) {
     const bool is_bonus = i == r.count;
@@ -137,7 +142,7 @@ void verify_request(const scalar_t* target, const scalar_t* bonus_row, TokenIds 
       const int64_t target_token = std::max_element(z.begin(), z.end()) - z.begin();
       out[i] = static_cast<int32_t>(target_token);
       if (logprobs != nullptr) {
-        processed_probs(z, 1.0f, 0, 1.0f, p);
+        processed(z, 1.0f, 0, 1.0f, w, p);
         logprobs[i] = log_prob(p[target_token]);
       }
       if (is_bonus || draft[r.start + i] != target_token) {
@@ -146,10 +151,11 @@ void verify_request(const scalar_t* target, const scalar_t* bonus_row, TokenIds 
       }
       continue;
     }
-    processed_probs(z, params.temperature, params.top_k, params.top_p, p);
+    processed(z, params.temperature, params.top_k, params.top_p, w, p);
     const int64_t position = params.position + i;
     if (is_bonus) {
-      const int64_t token = race(p, params.seed, position);
+      for (int64_t v = 0; v < vocab; ++v) masses[v] = fixed_mass(w[v]);
+      const int64_t token = sample_masses(masses, params.seed, position);
       out[i] = static_cast<int32_t>(token);
       if (logprobs != nullptr) logprobs[i] = log_prob(p[token]);
       *num_accepted = static_cast<int32_t>(i);
@@ -165,8 +171,11 @@ void verify_request(const scalar_t* target, const scalar_t* bonus_row, TokenIds 
       if (logprobs != nullptr) logprobs[i] = log_prob(p[x]);
       continue;
     }
-    for (int64_t v = 0; v < vocab; ++v) residual[v] = q != nullptr ? p[v] - q[v] : (v == x ? 0.0f : p[v]);
-    const int64_t token = race(residual, params.seed, position);
+    const float z = fixed_sum(w);  // the residual max(p - q, 0) scaled by Z: no division
+    for (int64_t v = 0; v < vocab; ++v) {
+      masses[v] = q != nullptr ? fixed_mass(std::max(w[v] - q[v] * z, 0.0f)) : (v == x ? 0 : fixed_mass(w[v]));
+    }
+    const int64_t token = sample_masses(masses, params.seed, position);
     out[i] = static_cast<int32_t>(token);
     if (logprobs != nullptr) logprobs[i] = log_prob(p[token]);
     *num_accepted = static_cast<int32_t>(i);

@@ -14,11 +14,19 @@
 //    over the float order, only when asked), the weights and their fixed-point sum, the
 //    top-p cut (a 31-step bisection over the probabilities' bits, only when asked) and the
 //    final normaliser, and p of the slot's draft token. Every row is read from DRAM once.
-// 2. Decision and race. Grid: B clusters. Each CTA walks its request's acceptance tests
-//    (Philox uniforms against the stored p of the drafts), so every CTA knows the first
-//    rejected row (or the bonus row); random requests then race on that one row only, the
-//    vocabulary split over the cluster, recomputing p from the stored statistics; rank 0
-//    writes the request's output row. Moves one residual row pair per random request.
+// 2. Decision and sampling. Grid: B clusters. Each CTA walks its request's acceptance
+//    tests (Philox uniforms against the stored p of the drafts), so every CTA knows the
+//    first rejected row (or the bonus row). Random requests then sample that one row by
+//    inversion from integer masses m_v = floor(x_v 2^40), recomputed from the stored
+//    statistics: x = w, the processed weights (the normaliser's own terms), on the bonus
+//    row and, without the rejected draft, at an n-gram rejection; x = max(w - q z2, 0) at
+//    a rejection with draft probs. Each warp of each CTA sums the masses of its part of
+//    the CTA's slice; the CTAs exchange their sums through distributed shared memory, so
+//    each knows M and the masses below its slice; U = floor(X M / 2^64) (X the 64-bit
+//    Philox draw of the position) falls in one warp's part, which its CTA rereads from L2
+//    in one ordered scan (C_v <= U < C_v + m_v) to find the token, and writes the
+//    request's output row. Moves the chosen row (and its draft-probs row) once per random
+//    request, plus an eighth of one CTA's slice again.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -34,6 +42,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "check_messages.h"
 #include "cluster_launch.cuh"
@@ -51,15 +60,8 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxCluster = 16;
 constexpr int kUnroll = 8;  // groups of 4 logits loaded per thread before use
-constexpr int kRaceUnroll = 4;  // the same in the race, which holds more state per thread
+constexpr int kSampleUnroll = 4;  // the same in pass 2's mass sums, which also load draft probs
 constexpr int64_t kMaxSliceBytes = 96 * 1024;  // shared-memory slice of a row per CTA
-
-// An element of the race whose score bound could beat the warp's best: evaluated exactly.
-struct Candidate {
-  int64_t index;
-  uint32_t word;  // its Philox word (the Exp(1) draw)
-  float z;        // its sanitised logit
-};
 
 // ---------------------------------------------------------------------------------------
 // Pass 1: row statistics. Grid: persistent clusters of C CTAs x kThreads (as many as fit
@@ -93,7 +95,7 @@ __device__ void row_stats_slot(
   const int64_t lo = min(rank * slice, vocab), hi = min(lo + slice, vocab), n = hi - lo;
   const bool vec = reinterpret_cast<uintptr_t>(row) % (4 * sizeof(scalar_t)) == 0;
 
-  Slot best{-INFINITY, 0.f, INT64_MAX};
+  Slot best{-INFINITY, INT64_MAX};
   // kUnroll independent loads in flight per thread before any is used.
   for (int64_t base = lo + 4 * threadIdx.x; base < hi; base += 4 * kThreads * kUnroll) {
     float x[kUnroll][4];
@@ -104,7 +106,7 @@ __device__ void row_stats_slot(
       const int64_t v = base + 4 * kThreads * u;
       for (int j = 0; j < 4 && v + j < hi; ++j) {
         row_slice[v - lo + j] = x[u][j];
-        if (x[u][j] > best.f) best = Slot{x[u][j], 0.f, v + j};
+        if (x[u][j] > best.f) best = Slot{x[u][j], v + j};
       }
     }
   }
@@ -224,8 +226,152 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
 }
 
 // ---------------------------------------------------------------------------------------
-// Pass 2: decisions and the race. Grid: B clusters of C CTAs x kThreads. Moves a few
-// bytes per draft, plus one logits row (and its draft-probs row) per random request.
+// Pass 2: decisions and the sampled token. Grid: B clusters of C CTAs x kThreads. Moves a
+// few bytes per draft, plus per random request its chosen logits row (and draft-probs row)
+// once and, from L2, an eighth of one CTA's slice of them again.
+
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// Inclusive prefix sum over the lanes of a warp.
+__device__ __forceinline__ int64_t warp_inclusive_sum(int64_t x) {
+  const int lane = threadIdx.x % 32;
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int64_t y = __shfl_up_sync(kFullMask, x, offset);
+    if (lane >= offset) x += y;
+  }
+  return x;
+}
+
+// The first of lanes [0, count) whose inclusive prefix exceeds `offset`: with non-negative
+// masses, the one whose range holds it. The last one otherwise (only for invalid inputs,
+// such as NaN draft probs, so that a token is still written); -1 when count is 0.
+__device__ __forceinline__ int pick_lane(int64_t inclusive, int64_t offset, int64_t count) {
+  const unsigned hits = __ballot_sync(kFullMask, threadIdx.x % 32 < count && inclusive > offset);
+  return hits != 0 ? __ffs(hits) - 1 : static_cast<int>(count) - 1;
+}
+
+// The length of each of `parts` contiguous parts covering n entries, a multiple of 4 so
+// that parts start on groups of 4 (slices start on multiples of 8), and how many of them
+// hold entries.
+constexpr __host__ __device__ int64_t part_length(int64_t n, int64_t parts) {
+  return ((n + parts - 1) / parts + 3) / 4 * 4;
+}
+__device__ __forceinline__ int64_t parts_used(int64_t n, int64_t length) {
+  return n == 0 ? 0 : (n + length - 1) / length;
+}
+
+// Groups of 4 per thread when a CTA scans one warp's part of a slice (3).
+constexpr int kScanGroups = part_length(part_length(kMaxSliceBytes / 4, kWarps), kThreads) / 4;
+
+// The integer masses of the sampled row (header), recomputed entry by entry from the row's
+// statistics: floor(w 2^40) (0 for the rejected draft of an n-gram request) or, at a
+// rejection with draft probs, floor(max(w - q z2, 0) 2^40).
+template <typename scalar_t>
+struct SampledRow {
+  const scalar_t* row;  // [V] logits of the chosen row
+  bool vec;             // row aligned for one load per group of 4
+  const float* q;       // [V] draft probs of the rejected row, null otherwise
+  bool q_vec;           // q aligned for one load per group of 4
+  int64_t excluded;     // the rejected n-gram draft, -1 otherwise
+  RowStats st;
+  Temperature temperature;
+
+  __device__ void load(int64_t v, int64_t end, float z[4], float qv[4]) const {
+    load4(row, v, end, vec, z);
+    if (q != nullptr) {
+      load4_probs(q, v, end, q_vec, qv);
+    } else {
+      for (int j = 0; j < 4; ++j) qv[j] = 0.f;
+    }
+  }
+
+  __device__ int64_t mass(float z, float qv, int64_t v) const {
+    const float w = processed_weight(z, v, st, temperature);
+    if (q != nullptr) return fixed_point(residual_weight(w, qv, st.z2), kFixedScale);
+    return v == excluded ? 0 : fixed_point(w, kFixedScale);
+  }
+
+  // The masses of this lane's groups of 4 in its warp's part (ending at `end`): first
+  // (the part's start + 4 lane), first + 128, ..., kSampleUnroll groups loaded before any
+  // is used.
+  __device__ int64_t lane_sum(int64_t first, int64_t end) const {
+    int64_t total = 0;
+    for (int64_t base = first; base < end; base += 4 * 32 * kSampleUnroll) {
+      float z[kSampleUnroll][4], qv[kSampleUnroll][4];
+#pragma unroll
+      for (int u = 0; u < kSampleUnroll; ++u) load(base + 4 * 32 * u, end, z[u], qv[u]);
+#pragma unroll
+      for (int u = 0; u < kSampleUnroll; ++u) {
+        for (int j = 0; j < 4; ++j) {
+          const int64_t v = base + 4 * 32 * u + j;
+          if (v < end) total += mass(z[u][j], qv[u][j], v);
+        }
+      }
+    }
+    return total;
+  }
+};
+
+// The token whose mass holds `offset` within [begin, end) (begin % 4 == 0, at most
+// 4 kScanGroups kThreads entries; the offset is below their total), by one ordered scan
+// of the CTA: each thread keeps the masses of a contiguous part, the parts' inclusive
+// prefixes come from warp shuffles and the warps' totals, and the first thread whose
+// prefix exceeds the offset walks its part (the last thread with entries when none does:
+// only invalid masses, such as from NaN draft probs, get there, and still give a token).
+// Returns the token, and its logit in token_z, in that thread; -1 in the others.
+template <typename scalar_t>
+__device__ int64_t scan_for_token(const SampledRow<scalar_t>& masses, int64_t begin, int64_t end, int64_t offset,
+                                  int64_t* warp_totals, int* first_thread, float* token_z) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t length = part_length(end - begin, kThreads);
+  const int64_t first = min(begin + threadIdx.x * length, end), last = min(first + length, end);
+  float z[kScanGroups][4], qv[kScanGroups][4];
+  int64_t m[kScanGroups][4], sum = 0;
+#pragma unroll
+  for (int g = 0; g < kScanGroups; ++g) masses.load(first + 4 * g, last, z[g], qv[g]);
+#pragma unroll
+  for (int g = 0; g < kScanGroups; ++g) {
+    for (int j = 0; j < 4; ++j) {
+      const int64_t v = first + 4 * g + j;
+      m[g][j] = v < last ? masses.mass(z[g][j], qv[g][j], v) : 0;
+      sum += m[g][j];
+    }
+  }
+  int64_t inclusive = warp_inclusive_sum(sum);
+  if (lane == 31) warp_totals[warp] = inclusive;
+  if (threadIdx.x == 0) *first_thread = kThreads;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) inclusive += warp_totals[w];
+  const unsigned hits = __ballot_sync(kFullMask, first < last && inclusive > offset);
+  if (lane == 0 && hits != 0) atomicMin(first_thread, warp * 32 + __ffs(hits) - 1);
+  __syncthreads();
+  const int64_t owner = *first_thread < kThreads ? *first_thread : parts_used(end - begin, length) - 1;
+  if (threadIdx.x != owner) return -1;
+  int64_t token = -1, cumulative = inclusive - sum;
+#pragma unroll
+  for (int g = 0; g < kScanGroups; ++g) {
+    for (int j = 0; j < 4; ++j) {
+      const int64_t v = first + 4 * g + j;
+      if (token < 0 && v < last) {
+        cumulative += m[g][j];
+        if (cumulative > offset || v == last - 1) {
+          token = v;
+          *token_z = z[g][j];
+        }
+      }
+    }
+  }
+  return token;
+}
+
+// Where U falls, as warp 0 of each CTA finds it: the total M, and the warp whose part of
+// this CTA's slice holds U (-1 when U lies in another CTA) with U's offset within it.
+struct SampleTarget {
+  int64_t total;
+  int64_t offset;
+  int warp;
+};
+
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
     const scalar_t* __restrict__ target,      // [T, V]
@@ -241,9 +387,12 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
     int32_t* __restrict__ num_accepted,       // [B]
     float* __restrict__ logprobs,             // [B, width] or null
     int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice) {
-  __shared__ Slot warp_slots[kWarps], exchange[2], result;
-  __shared__ Candidate candidates[kWarps][64];  // per warp: at most 31 left over + 32 new
   __shared__ int64_t chosen_shared;
+  __shared__ int64_t warp_mass[kWarps];
+  __shared__ int64_t slice_mass;  // read by the peers
+  __shared__ SampleTarget sample;
+  __shared__ int64_t scan_totals[kWarps];
+  __shared__ int scan_first;
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t rank = cluster.block_rank();
   const int64_t b = blockIdx.x / cluster.num_blocks();
@@ -253,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
   const RowStats* row_stats = stats + b * width;
   const int64_t seed = seeds[b], position = positions[b];
 
-  // Every CTA walks the acceptance tests (a few loads per draft) to find the row to race.
+  // Every CTA walks the acceptance tests (a few loads per draft) to find the row to sample.
   if (threadIdx.x == 0) {
     int64_t i = 0;
     for (; i < r.count; ++i) {
@@ -293,82 +442,65 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
     return;
   }
 
-  // The race on the chosen row: argmax_v r_v / E_v, r the residual at a rejection (p - q,
-  // or p without the draft for n-gram) and p itself on the bonus row.
-  const RowStats st = row_stats[chosen];
+  // The sampled token of the chosen row, by inversion from its integer masses (header). A
+  // rejected draft outside the vocab excludes nothing: no index matches it.
   const bool rejected = chosen < r.count;
   const scalar_t* row = rejected ? target + (r.start + chosen) * vocab : bonus + b * vocab;
   const float* q = rejected && draft_probs != nullptr ? draft_probs + (r.start + chosen) * vocab : nullptr;
-  const int64_t rejected_token = rejected ? draft[r.start + chosen] : -1;
-  const int64_t race_position = position + chosen;
-  const int64_t lo = min(rank * slice, vocab), hi = min(lo + slice, vocab);
-  const bool vec = reinterpret_cast<uintptr_t>(row) % (4 * sizeof(scalar_t)) == 0;
-  const Temperature temperature_scale(t);
-  // An upper bound of every score of the row: r <= p = w / z2, w <= a fast exp with
-  // margins, E >= v (E = -log(1 - v) >= v). An element whose bound is below the warp's
-  // best score so far cannot win (strictly, so ties cannot be lost) and skips the exact p,
-  // q and E. The rest queue per warp and are evaluated 32 at a time, one per lane, so the
-  // exact path runs dense instead of once per element for a single lane.
-  const bool bounded = st.max_logit != -INFINITY;
-  const float approx_inverse = bounded ? __frcp_rn(t) : 0.f;
-  const float inverse_z2 = __frcp_rn(st.z2);  // z2 >= 1: the argmax keeps weight 1
+  const SampledRow<scalar_t> masses{row,
+                                    reinterpret_cast<uintptr_t>(row) % (4 * sizeof(scalar_t)) == 0,
+                                    q,
+                                    reinterpret_cast<uintptr_t>(q) % 16 == 0,
+                                    rejected && q == nullptr ? draft[r.start + chosen] : -1,
+                                    row_stats[chosen],
+                                    Temperature(t)};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  Candidate* queue = candidates[warp];
-  int queued = 0;       // warp-uniform
-  float warp_best = -INFINITY;  // warp-uniform: the best score any lane has seen
-  Slot best{-INFINITY, 0.f, INT64_MAX};
-  auto evaluate = [&](int count) {  // the first `count` queued candidates, one per lane
-    if (lane < count) {
-      const Candidate c = queue[lane];
-      const float p = processed_p(c.z, c.index, st, temperature_scale);
-      float residual = p;
-      if (q != nullptr) {
-        residual = repro::sub(p, q[c.index]);
-      } else if (rejected && c.index == rejected_token) {
-        residual = 0.f;
-      }
-      best = MaxCombine{}(best, Slot{race_score(residual, repro::exponential(c.word)), p, c.index});
-    }
-    float m = best.f;
-    for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
-    warp_best = m;
-  };
-  // Tiles are CTA-uniform, so every lane of a warp runs the same iterations (ballots).
-  for (int64_t tile = lo; tile < hi; tile += 4 * kThreads * kRaceUnroll) {
-    float zs[kRaceUnroll][4];  // kRaceUnroll independent loads in flight per thread before any is used
-#pragma unroll
-    for (int u = 0; u < kRaceUnroll; ++u) load4(row, tile + 4 * (threadIdx.x + kThreads * u), hi, vec, zs[u]);
-#pragma unroll
-    for (int u = 0; u < kRaceUnroll; ++u) {
-      const int64_t v = tile + 4 * (threadIdx.x + kThreads * u);
-      if (tile + 4 * kThreads * u >= hi) break;  // uniform: no lane of this CTA has work left
-      const PhiloxWords words = philox_block(seed, race_position, kPurposeSample, static_cast<uint32_t>(v / 4));
-      for (int j = 0; j < 4; ++j) {
-        bool needed = v + j < hi;
-        if (needed && bounded && warp_best > 0.f) {
-          const float uniform = __fmul_rn(__fadd_rn(static_cast<float>(words.w[j]), 0.5f), 2.3283064365386963e-10f);
-          const float p_bound = (__expf((zs[u][j] - st.max_logit) * approx_inverse) * 1.001f + 1e-30f) * inverse_z2;
-          needed = !(p_bound * 1.001f < warp_best * uniform);
-        }
-        const unsigned mask = __ballot_sync(0xFFFFFFFFu, needed);
-        if (needed) queue[queued + __popc(mask & ((1u << lane) - 1))] = Candidate{v + j, words.w[j], zs[u][j]};
-        queued += __popc(mask);
-        __syncwarp();
-        if (queued >= 32) {
-          evaluate(32);
-          __syncwarp();
-          if (lane < queued - 32) queue[lane] = queue[32 + lane];
-          queued -= 32;
-          __syncwarp();
-        }
-      }
-    }
+  const int64_t lo = min(rank * slice, vocab), hi = min(lo + slice, vocab);
+  // Each warp sums its contiguous part of the slice, its lanes striding through it.
+  const int64_t part = part_length(hi - lo, kWarps);
+  const int64_t warp_lo = min(lo + warp * part, hi), warp_hi = min(warp_lo + part, hi);
+  const int64_t warp_total = warp_inclusive_sum(masses.lane_sum(warp_lo + 4 * lane, warp_hi));
+  if (lane == 31) warp_mass[warp] = warp_total;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t sum = 0;
+    for (int w = 0; w < kWarps; ++w) sum += warp_mass[w];
+    slice_mass = sum;
   }
-  evaluate(queued);
-  ClusterReducer<kWarps> reducer{warp_slots, exchange, &result, 0};
-  const Slot winner = reducer.reduce(cluster, best, MaxCombine{});
-  if (rank == 0 && threadIdx.x == 0) write_row(winner.i, winner.g);
-  cluster.sync();  // peers may still read this CTA's exchange slots
+  cluster.sync();
+  if (warp == 0) {
+    // Lane c holds CTA c's masses, then warp c's: U = floor(X M / 2^64) from the position's
+    // 64-bit draw, and the first CTA, then warp, whose inclusive prefix exceeds it.
+    const int64_t used_ctas = parts_used(vocab, slice);
+    const int64_t cta_mass = lane < used_ctas ? *cluster.map_shared_rank(&slice_mass, lane) : 0;
+    const int64_t cta_inclusive = warp_inclusive_sum(cta_mass);
+    const int64_t total = __shfl_sync(kFullMask, cta_inclusive, 31);
+    const PhiloxWords draw = philox_block(seed, position + chosen, kPurposeSample, 0);
+    const uint64_t x = draw.w[0] | (uint64_t{draw.w[1]} << 32);
+    const int64_t u = static_cast<int64_t>(__umul64hi(x, static_cast<uint64_t>(total)));
+    const bool owner = pick_lane(cta_inclusive, u, used_ctas) == rank;
+    const int64_t cta_offset = u - __shfl_sync(kFullMask, cta_inclusive - cta_mass, static_cast<int>(rank));
+    const int64_t mass = lane < kWarps ? warp_mass[lane] : 0;
+    const int64_t inclusive = warp_inclusive_sum(mass);
+    const int owner_warp = pick_lane(inclusive, cta_offset, parts_used(hi - lo, part));
+    const int64_t offset = cta_offset - __shfl_sync(kFullMask, inclusive - mass, owner_warp);
+    if (lane == 0) sample = SampleTarget{total, offset, total != 0 && owner ? owner_warp : -1};
+  }
+  __syncthreads();
+  // Done with the peers' shared memory; a CTA leaves only once every peer is done with its
+  // own (the wait below), but need not wait for the scan meanwhile.
+  auto arrival = cluster.barrier_arrive();
+  if (sample.total == 0) {  // no mass at all: token 0, like the reference
+    if (rank == 0 && threadIdx.x == 0) {
+      write_row(0, processed_p(sanitise(to_float(row[0])), 0, masses.st, masses.temperature));
+    }
+  } else if (sample.warp >= 0) {  // U is in this CTA: it scans the part of the warp that holds U
+    const int64_t begin = min(lo + sample.warp * part, hi), end = min(begin + part, hi);
+    float token_z;
+    const int64_t token = scan_for_token(masses, begin, end, sample.offset, scan_totals, &scan_first, &token_z);
+    if (token >= 0) write_row(token, processed_p(token_z, token, masses.st, masses.temperature));
+  }
+  cluster.barrier_wait(std::move(arrival));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 // The per-element arithmetic of the CUDA verify kernel, the same float32 steps as
-// reference/verify.py: sanitised loads, the processed target probability from a row's
-// statistics, fixed-point sums, order keys for the threshold searches.
+// reference/verify.py: sanitised loads, the processed weights and probabilities from a
+// row's statistics, fixed-point sums and masses, order keys for the threshold searches.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -102,13 +102,39 @@ __device__ __forceinline__ float weight(float z, float max_logit, const Temperat
   return repro::exp(temperature.scale(repro::sub(z, max_logit)));
 }
 
-// p_v under the processed distribution, from a row's statistics (pass 2's recomputation
-// of what pass 1 computed from shared memory; the same operations).
-__device__ __forceinline__ float processed_p(float z, int64_t v, const RowStats& st, const Temperature& temperature) {
-  if (st.max_logit == -INFINITY) return v == 0 ? 1.f : 0.f;
+// w_v after the top-k and top-p masks, from a row's statistics: pass 2's recomputation of
+// the weights pass 1 summed from shared memory (the same operations), so floor(w_v 2^40)
+// is exactly a term of the normaliser's fixed-point sum and p_v = w_v / z2.
+__device__ __forceinline__ float processed_weight(float z, int64_t v, const RowStats& st,
+                                                  const Temperature& temperature) {
+  if (st.max_logit == -INFINITY) return v == 0 ? 1.f : 0.f;  // pass 1 stores z1 = z2 = 1 then
   float w = z >= st.kth ? weight(z, st.max_logit, temperature) : 0.f;
   if (st.top_p_cut != 0 && __float_as_uint(repro::div(w, st.z1)) < st.top_p_cut) w = 0.f;
-  return repro::div(w, st.z2);
+  return w;
+}
+
+// p_v under the processed distribution.
+__device__ __forceinline__ float processed_p(float z, int64_t v, const RowStats& st, const Temperature& temperature) {
+  return repro::div(processed_weight(z, v, st, temperature), st.z2);
+}
+
+// max(w - q z2, 0): the residual max(p - q, 0) scaled by the normaliser, two rounded
+// operations and no division. The comparison is std::max's, so a NaN passes through as
+// on the CPU.
+__device__ __forceinline__ float residual_weight(float w, float q, float z2) {
+  const float x = repro::sub(w, repro::mul(q, z2));
+  return x < 0.f ? 0.f : x;
+}
+
+// Draft probabilities [v, v + 4) of a row (v % 4 == 0) as stored (not sanitised: the CPU
+// kernel reads them as they are); 0 at or past `end`.
+__device__ __forceinline__ void load4_probs(const float* q, int64_t v, int64_t end, bool vec, float out[4]) {
+  if (vec && v + 4 <= end) {
+    const float4 x = *reinterpret_cast<const float4*>(q + v);
+    out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
+    return;
+  }
+  for (int j = 0; j < 4; ++j) out[j] = v + j < end ? q[v + j] : 0.f;
 }
 
 __device__ __forceinline__ float log_prob(float p) { return repro::log(fmaxf(p, FLT_MIN)); }

@@ -6,7 +6,7 @@ __fmul_rn/__fadd_rn; Triton: enable_fp_fusion=False).
 
 Accuracy: exp within 8e-8 relative for arguments near 0, growing as |x| * 2^-24 (the
 rounding of x * log2(e)); log within 1e-6 absolute on (0, 1]. Both are far inside what a
-float32 softmax or an Exp(1) draw needs; their value is that they are the same everywhere.
+float32 softmax needs; their value is that they are the same everywhere.
 """
 
 from __future__ import annotations
@@ -68,31 +68,3 @@ def repro_log(u: torch.Tensor) -> torch.Tensor:
     log_m = acc * s
     return e.to(torch.float32) * _f32(LN2) + log_m
 
-
-# log1p(x) = 2 atanh(s), s = x / (2 + x): 2 s (1 + s^2/3 + ... + s^12/13), for |s| <= 1/3.
-LOG1P_SERIES = (1.0 / 13.0, 1.0 / 11.0, 1.0 / 9.0, 1.0 / 7.0, 1.0 / 5.0, 1.0 / 3.0, 1.0)
-
-
-def repro_exponential(word: torch.Tensor) -> torch.Tensor:
-    """An Exp(1) draw from a uint32 word (held in int64): ``-log(1 - v)``,
-    ``v = (word + 1/2) 2^-32`` in float32.
-
-    Computed as ``-log1p(-v)`` by the atanh series while v < 1/2, so small draws keep
-    their relative precision (``-log(u)`` of a 24-bit u near 1 would give exact zeros
-    with probability 2^-24 each: a token with E = 0 wins any race), and as ``-log(1 - v)``
-    above (1 - v is exact there). v rounds to 1 only for the top few words: E = +inf,
-    whose score 0 never wins a race a positive score enters.
-    """
-    v = (word.to(torch.float32) + _f32(0.5)) * _f32(2.0**-32)
-    x = -v
-    s = x / (_f32(2.0) + x)
-    s2 = s * s
-    acc = torch.full_like(s, LOG1P_SERIES[0])
-    for c in LOG1P_SERIES[1:]:
-        acc = acc * s2
-        acc = acc + _f32(c)
-    small = -((s * acc) * _f32(2.0))
-    one_minus = _f32(1.0) - v
-    large = -repro_log(torch.where(one_minus > 0, one_minus, torch.ones_like(one_minus)))
-    large = torch.where(one_minus > 0, large, torch.full_like(large, float("inf")))
-    return torch.where(v < _f32(0.5), small, large)

@@ -20,10 +20,15 @@ Randomness, keyed by the request's seed, with counter (absolute position, purpos
 - draft i of request b sits at ``positions[b] + i``; its acceptance uniform is word 0 of
   ``philox(seed, (pos, PURPOSE_ACCEPT, 0))``, 24 bits;
 - a token sampled at position pos (the recovered token at the first rejection, or the
-  bonus token at ``positions[b] + num_drafts``) wins the exponential race
-  ``argmax_v r_v / E_v``, ``E_v`` an Exp(1) draw (repro_math.repro_exponential) from word
-  ``v % 4`` of ``philox(seed, (pos, PURPOSE_SAMPLE, v // 4))``; r is the residual ``max(p - q, 0)``
-  (n-gram: p without the draft) at a rejection, p itself for the bonus token.
+  bonus token at ``positions[b] + num_drafts``) is drawn from integer masses ``m_v`` by
+  inversion: ``X`` = words 0 (low) and 1 (high) of ``philox(seed, (pos, PURPOSE_SAMPLE, 0))``
+  as 64 bits, ``U = floor(X * M / 2^64)`` with ``M = sum_v m_v``, and the token is the v with
+  ``C_v <= U < C_v + m_v`` (``C_v = sum_{u < v} m_u``); ``M = 0`` gives token 0. The masses are
+  the normaliser's fixed point, ``floor(x_v * 2^40)`` of: the processed weights ``x = w``
+  (step 2/3 below: M * 2^-40 is Z) for the bonus token; the same without the draft token at
+  an n-gram rejection; ``x = max(w - q * Z, 0)`` (two float32 operations: the residual
+  ``max(p - q, 0)`` scaled by Z) at a rejection with draft probs. Every token's probability
+  is its mass over M within 2^-64.
 No (position, purpose) pair is used twice across steps: the next step starts right after
 the last emitted token.
 
@@ -41,7 +46,7 @@ from __future__ import annotations
 import torch
 
 from specops.reference import philox
-from specops.reference.repro_math import repro_exp, repro_exponential, repro_log
+from specops.reference.repro_math import repro_exp, repro_log
 
 PLACEHOLDER_TOKEN_ID = -1
 FIXED_SCALE_BITS = 40  # normaliser sums: floor(w * 2^40), w in [0, 1]
@@ -84,8 +89,9 @@ def _sanitised(logits: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(z), z, torch.full_like(z, float("-inf")))
 
 
-def processed_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """The processed target distribution of one row (module docstring, steps 1-3). [V] float32."""
+def processed_weights(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The processed weights of one row (module docstring, steps 1-3), unnormalised: the
+    processed distribution is ``w / Z``, ``Z = _fixed_sum(w)``. [V] float32."""
     z = _sanitised(logits)
     vocab = z.shape[0]
     if not bool(torch.isfinite(z).any()):
@@ -96,11 +102,14 @@ def processed_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p:
         keep = z >= kth
     s = (z - z.max()) / torch.tensor(temperature, dtype=torch.float32)
     w = torch.where(keep, repro_exp(s), torch.zeros_like(s))
-    p = _normalise(w)
     if top_p < 1.0:
-        w = torch.where(_top_p_keep(p, top_p), w, torch.zeros_like(w))
-        p = _normalise(w)
-    return p
+        w = torch.where(_top_p_keep(_normalise(w), top_p), w, torch.zeros_like(w))
+    return w
+
+
+def processed_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The processed target distribution of one row (module docstring, steps 1-3). [V] float32."""
+    return _normalise(processed_weights(logits, temperature, top_k, top_p))
 
 
 def _words(seed: int, position: int, purpose: int, num_words: int) -> torch.Tensor:
@@ -115,21 +124,31 @@ def accept_uniform(seed: int, position: int) -> torch.Tensor:
     return philox.uniform_from_word(_words(seed, position, philox.PURPOSE_ACCEPT, 1)[0])
 
 
-def race_exponentials(seed: int, position: int, vocab: int) -> torch.Tensor:
-    """Exp(1) draws of the race at a position (repro_math.repro_exponential). [V] float32."""
-    return repro_exponential(_words(seed, position, philox.PURPOSE_SAMPLE, vocab))
+def fixed_masses(x: torch.Tensor) -> torch.Tensor:
+    """floor(x * 2^40) as int64 (x in [0, 1]: exact, at most 2^40)."""
+    return torch.floor(x * float(2**FIXED_SCALE_BITS)).to(torch.int64)
+
+
+def sample_uniform_int(seed: int, position: int, total: int) -> int:
+    """U = floor(X * total / 2^64), X the 64-bit draw of the sample at a position."""
+    words = _words(seed, position, philox.PURPOSE_SAMPLE, 2)
+    x = int(words[0]) | (int(words[1]) << 32)
+    return (x * total) >> 64
+
+
+def sample_masses(masses: torch.Tensor, seed: int, position: int) -> int:
+    """The token drawn by inversion from integer masses [V] (module docstring)."""
+    total = int(masses.sum())
+    if total == 0:
+        return 0
+    u = sample_uniform_int(seed, position, total)
+    return int(torch.searchsorted(torch.cumsum(masses, 0), u, right=True))
 
 
 def log_prob(p: torch.Tensor) -> float:
     """repro_log of one probability, clamped to the smallest normal float (repro_log reads
     the exponent bits, so subnormal inputs are out of its domain)."""
     return float(repro_log(torch.clamp(p.reshape(1), min=torch.finfo(torch.float32).tiny))[0])
-
-
-def race(weights: torch.Tensor, exponentials: torch.Tensor) -> int:
-    """argmax_v w_v / E_v over w_v > 0 (ties to the lowest index; -1 scores otherwise)."""
-    scores = torch.where(weights > 0, weights / exponentials, torch.full_like(weights, -1.0))
-    return int(torch.argmax(scores))
 
 
 def _greedy_request(rows, bonus_row, drafts, return_logprobs):
@@ -150,7 +169,8 @@ def _random_request(rows, bonus_row, drafts, draft_rows, params, return_logprobs
     temperature, top_k, top_p, seed, position = params
     tokens, logprobs = [], []
     for i, x in enumerate(drafts):
-        p = processed_probs(rows[i], temperature, top_k, top_p)
+        w = processed_weights(rows[i], temperature, top_k, top_p)
+        p = _normalise(w)
         q = draft_rows[i] if draft_rows is not None else None
         q_x = q[x] if q is not None else torch.tensor(1.0)
         u = accept_uniform(seed, position + i)
@@ -159,15 +179,20 @@ def _random_request(rows, bonus_row, drafts, draft_rows, params, return_logprobs
             if return_logprobs:
                 logprobs.append(log_prob(p[x]))
             continue
-        residual = torch.clamp(p - q, min=0) if q is not None else torch.where(
-            torch.arange(p.shape[0]) == x, torch.zeros_like(p), p)
-        token = race(residual, race_exponentials(seed, position + i, p.shape[0]))
+        if q is not None:  # the residual max(p - q, 0) scaled by Z: no division
+            masses = fixed_masses(torch.clamp(w - q * _fixed_sum(w), min=0))
+        else:
+            masses = fixed_masses(w)
+            if 0 <= x < masses.shape[0]:
+                masses[x] = 0
+        token = sample_masses(masses, seed, position + i)
         tokens.append(token)
         if return_logprobs:
             logprobs.append(log_prob(p[token]))
         return tokens, i, logprobs
-    p = processed_probs(bonus_row, temperature, top_k, top_p)
-    token = race(p, race_exponentials(seed, position + len(drafts), p.shape[0]))
+    w = processed_weights(bonus_row, temperature, top_k, top_p)
+    p = _normalise(w)
+    token = sample_masses(fixed_masses(w), seed, position + len(drafts))
     tokens.append(token)
     if return_logprobs:
         logprobs.append(log_prob(p[token]))

@@ -21,7 +21,7 @@ fi
 # pytest-xdist spreads the GPU tests over processes when it is installed.
 PARALLEL=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
 # GPU_TESTS=... in the environment runs a subset.
-GPU_TESTS=${GPU_TESTS:-"tests/test_verify_ops.py tests/test_verify_race.py tests/test_attention_ops.py tests/test_attention_triton.py
+GPU_TESTS=${GPU_TESTS:-"tests/test_verify_ops.py tests/test_verify_sample.py tests/test_attention_ops.py tests/test_attention_triton.py
   tests/test_attention_cuda.py tests/test_engine_model.py tests/test_engine_spec_decode.py
   tests/test_engine_distribution.py tests/test_cli.py tests/test_sampling_ops.py tests/test_sampling_errors.py
   tests/test_sampling_registration.py tests/test_sampling_distribution.py"}

@@ -249,7 +249,7 @@ def verify(
     cu_num_draft_tokens : Shape: ``[B]``, int32.
     temperature : 0 = greedy. Shape: ``[B]``, float32. None: every request is greedy, a
         promise the caller makes from its host-side sampling parameters (the Triton
-        kernel then runs only the max pass and the screen: no normaliser, decision or race
+        kernel then runs only the max pass and the screen: no normaliser, decision or sampling
         launches; every backend returns what zeros would give).
     top_k : <= 0 or >= V: off. Shape: ``[B]``, int32, or None.
     top_p : >= 1: off. Shape: ``[B]``, float32, or None.

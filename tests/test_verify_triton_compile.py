@@ -2,9 +2,7 @@
 whose arithmetic must match the reference bit for bit has no fused multiply-add and no
 approximate division (reference/repro_math.py: one rounded float32 operation per step).
 row_max_kernel and screen_kernel divide approximately on purpose: their sums are
-approximate by design (triton_kernels/verify_screen.py says why that stays exact); so does
-the race's first phase, for bounds of the scores whose margins cover it
-(verify_math.race_score_bounds), while its exact scores divide with div.rn.
+approximate by design (triton_kernels/verify_screen.py says why that stays exact).
 Under TRITON_INTERPRET=1 (how the suite runs on CPU) @triton.jit makes interpreted
 functions, which cannot be compiled: the file then runs itself in a fresh process without
 the interpreter."""
@@ -19,17 +17,17 @@ from pathlib import Path
 
 import pytest
 import triton
-from specops.triton_kernels import verify_decide, verify_rows, verify_screen
+from specops.triton_kernels import verify_decide, verify_rows, verify_sample, verify_screen
 from triton.backends.compiler import GPUTarget
 
 ROW_POINTERS = {"target_ptr": "*bf16", "bonus_ptr": "*bf16", "cu_ptr": "*i32", "part_arg_ptr": "*i32",
                 "draft_ptr": "*i64", "top_k_ptr": "*i32", "seeds_ptr": "*i64", "positions_ptr": "*i64",
                 "out_ptr": "*i32", "num_accepted_ptr": "*i32", "need_ptr": "*i8", "resume_ptr": "*i32",
-                "race_int_ptr": "*i64", "part_index_ptr": "*i32"}
-INT_POINTER_SUFFIXES = ("state_ptr", "agg_ptr", "sum_ptr", "sum2_ptr")
+                "sample_int_ptr": "*i64"}
+INT_POINTER_SUFFIXES = ("state_ptr", "agg_ptr", "sum_ptr", "sum2_ptr", "mass_ptr")
 SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_round", "num_splits", "sum_splits"}
 FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_LOGPROBS": True, "BLOCK_S": 64,
-         "BLOCK_W": 8}
+         "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64}
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 CASES = [
@@ -42,7 +40,8 @@ CASES = [
     ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048}, False),
     ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
     ("decide", verify_decide.decide_kernel, {}, False),
-    ("race", verify_decide.race_kernel, {"BLOCK_V": 512, "MAX_BLOCKS": 32}, True),
+    ("residual masses", verify_sample.residual_mass_kernel, {}, False),
+    ("sample", verify_sample.sample_kernel, {}, False),
 ]
 
 
@@ -73,7 +72,7 @@ def test_compiles_for_sm90_with_exact_arithmetic(name, fn, constexprs, approxima
     assert not re.search(r"\bfma\.rn\.f32", ptx), f"{name}: a contracted multiply-add"
     if not approximate:
         assert not re.search(r"div\.(full|approx)\.f32", ptx), f"{name}: an approximate division"
-    if name in ("race", "decide", "fixed sum"):
+    if name in ("decide", "fixed sum", "residual masses", "sample"):
         assert re.search(r"div\.rn\.f32", ptx), f"{name}: its exact steps must divide with div.rn"
 
 

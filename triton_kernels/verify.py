@@ -15,11 +15,14 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
 4. exact fixed-point normaliser z1, grid (B * width, S): marked rows only;
 5. top-p search and normaliser z2 (only with top_p given): 8 rounds + 1, top-p rows;
 6. decisions, grid (B,): the remaining acceptance tests, exactly, from the screen's stop;
-7. race at the chosen row, grid (B, S'); each request's last program to finish combines.
+7. residual masses (only with draft probs), grid (B, S'): the block sums of the masses at a
+   rejection (verify_sample.py; bonus and n-gram rows use the normaliser's block sums);
+8. the sampled token, grid (B,): inversion over the block sums, then inside one block.
 With no temperature (every request greedy) and no log-probabilities, launches 1 and 3 only.
-Bytes, plain random requests: each reachable logit row once, plus, per request, the raced
-row twice (exact normaliser, then the race; the normaliser needs the row max first, see
-verify_rows.py) and its draft-probs row once. Greedy: each row once. With top-k/top-p:
+Bytes, plain random requests: each reachable logit row once, plus, per request, the
+sampled row once more for its exact normaliser (which needs the row max first, see
+verify_rows.py) and, at a rejection with draft probs, once again with its draft-probs row
+for the residual masses; then one block of it. Greedy: each row once. With top-k/top-p:
 +8 reads per threshold per row, and every row's normaliser.
 """
 
@@ -30,12 +33,7 @@ import functools
 import torch
 import triton
 
-from .verify_decide import (
-    RACE_FLOATS,
-    RACE_INTS,
-    decide_kernel,
-    race_kernel,
-)
+from .verify_decide import SAMPLE_FLOATS, SAMPLE_INTS, decide_kernel
 from .verify_rows import (
     NUM_CANDIDATES,
     SEARCH_ROUNDS,
@@ -45,18 +43,15 @@ from .verify_rows import (
     row_max_kernel,
     threshold_search_kernel,
 )
+from .verify_sample import residual_mass_kernel, sample_kernel
 from .verify_screen import screen_kernel
 
 BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
-# The race is bound by its fast path (Philox, score bounds) at low occupancy: 512-entry
-# blocks (4 per thread) on 4 warps when its grid fills the SMs, on 8 when it does not
-# (H100 sweeps and ncu, bench/NOTES.md).
-RACE_BLOCK_V = 512
 SUM_WARPS = 4
-# The race and the exact normaliser run about one row per request: their splits are sized
-# to fill one wave of resident programs (register-bound: ~77 and ~71 registers per thread
-# at 4 warps allow 6 and 7 programs per SM) without starting a second one.
-RACE_RESIDENT = 6
+SAMPLE_WARPS = 4
+# The exact normaliser and the residual masses run about one row per request: their splits
+# are sized to fill one wave of resident programs (register-bound: ~71 registers per thread
+# at 4 warps allow 7 programs per SM) without starting a second one.
 SUM_RESIDENT = 7
 NUM_WARPS = 8
 SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
@@ -141,6 +136,8 @@ def verify(
     part_max = empty(num_slots, num_splits, dtype=torch.float32)
     part_arg = empty(num_slots, num_splits, dtype=torch.int32)
     part_sum = empty(num_slots, sum_splits, dtype=torch.int64)
+    num_blocks = triton.cdiv(vocab, BLOCK_V)
+    block_sum = empty(num_slots, num_blocks, dtype=torch.int64)
     part_sum2 = empty(num_slots, sum_splits, dtype=torch.int64) if has_top_p else part_sum
     rounds = SEARCH_ROUNDS.value
     search_shapes = ((rounds, num_slots, 2), (rounds, num_slots, num_splits, NUM_CANDIDATES.value + 1))
@@ -161,7 +158,7 @@ def verify(
                          BLOCK_V=BLOCK_V, num_warps=NUM_WARPS)
     flags = {"HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_S": block_s}
     # Powers of two: the smaller blocks divide every split (a multiple of BLOCK_V).
-    search_block_v, race_block_v = min(SEARCH_BLOCK_V, BLOCK_V), min(RACE_BLOCK_V, BLOCK_V)
+    search_block_v = min(SEARCH_BLOCK_V, BLOCK_V)
     for search_round in range(rounds if has_top_k else 0):
         threshold_search_kernel[grid](*top_k_search, part_max, part_arg, *top_k_search, part_sum, *rows, *params,
                                       num_tokens, vocab, width, split_len, search_round, MODE=TOP_K_MODE,
@@ -178,32 +175,34 @@ def verify(
         return out, num_accepted, logprobs
     sums = (need, part_max, part_arg, *top_k_search, *top_p_search)
     sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits)
-    fixed_sum_kernel[(num_slots, sum_splits)](part_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
+    fixed_sum_kernel[(num_slots, sum_splits)](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
                                               BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
     if has_top_p:
         for search_round in range(rounds):
             threshold_search_kernel[grid](*top_p_search, part_max, part_arg, *top_k_search, part_sum, *rows,
                                           *params, num_tokens, vocab, width, split_len, search_round,
                                           MODE=TOP_P_MODE, BLOCK_V=search_block_v, **flags, **exact)
-        fixed_sum_kernel[(num_slots, sum_splits)](part_sum2, *sums, part_sum, *rows, *params, *sum_sizes,
+        fixed_sum_kernel[(num_slots, sum_splits)](part_sum2, block_sum, *sums, part_sum, *rows, *params, *sum_sizes,
                                                   SECOND=True, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
 
-    race_float = empty(batch, RACE_FLOATS.value, dtype=torch.float32)
-    race_int = empty(batch, RACE_INTS.value, dtype=torch.int64)
+    sample_float = empty(batch, SAMPLE_FLOATS.value, dtype=torch.float32)
+    sample_int = empty(batch, SAMPLE_INTS.value, dtype=torch.int64)
     decide_kernel[(batch,)](
-        out, num_accepted, logprobs if return_logprobs else out, race_float, race_int, resume, part_max, part_arg,
+        out, num_accepted, logprobs if return_logprobs else out, sample_float, sample_int, resume, part_max, part_arg,
         part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits, **request_flags, **exact,
     )
-    race_split_len = wave_split_len(batch, vocab, device, RACE_RESIDENT, race_block_v)
-    race_splits = triton.cdiv(vocab, race_split_len)
-    part_score = empty(batch, race_splits, dtype=torch.float32)
-    part_index = empty(batch, race_splits, dtype=torch.int32)
-    race_warps = 4 if batch * race_splits >= _num_sms(device) else 8
-    race_kernel[(batch, race_splits)](
-        out, logprobs if return_logprobs else out, part_score, part_index, race_float, race_int, target_logits,
-        bonus_logits, draft_probs_arg, cu_num_draft_tokens, seeds, num_tokens, vocab, width, race_split_len,
-        RETURN_LOGPROBS=return_logprobs, BLOCK_V=race_block_v,
-        MAX_BLOCKS=triton.next_power_of_2(race_split_len // race_block_v),
-        BLOCK_S=triton.next_power_of_2(race_splits), num_warps=race_warps, **exact,
+    has_draft_probs = draft_probs is not None
+    sampled = (sample_float, sample_int, target_logits, bonus_logits, draft_probs_arg, cu_num_draft_tokens)
+    block_mass = empty(batch, num_blocks, dtype=torch.int64) if has_draft_probs else block_sum
+    if has_draft_probs:
+        mass_split_len = wave_split_len(batch, vocab, device, SUM_RESIDENT, BLOCK_V)
+        residual_mass_kernel[(batch, triton.cdiv(vocab, mass_split_len))](
+            block_mass, *sampled, num_tokens, vocab, width, mass_split_len, HAS_TOP_P=has_top_p, BLOCK_V=BLOCK_V,
+            num_warps=SUM_WARPS, **exact,
+        )
+    sample_kernel[(batch,)](
+        out, logprobs if return_logprobs else out, block_sum, block_mass, *sampled, seeds, num_tokens, vocab, width,
+        HAS_DRAFT_PROBS=has_draft_probs, HAS_TOP_P=has_top_p, RETURN_LOGPROBS=return_logprobs, BLOCK_V=BLOCK_V,
+        BLOCK_B=triton.next_power_of_2(num_blocks), num_warps=SAMPLE_WARPS, **exact,
     )
     return out, num_accepted, logprobs

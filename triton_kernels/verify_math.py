@@ -1,6 +1,7 @@
 """Device functions the fused ``verify`` kernels share: Philox4x32-10 (reference/philox.py)
-and exp/log/Exp(1) built from IEEE float32 operations (reference/repro_math.py), bit for
-bit, plus the per-element steps of the processed distribution (reference/verify.py).
+and exp/log built from IEEE float32 operations (reference/repro_math.py), bit for bit,
+the 64-bit multiply-high of the sampling draw, and the per-element steps of the processed
+distribution (reference/verify.py).
 
 Every float operation is a separate rounded one: kernels using these are launched with
 enable_fp_fusion=False, and divisions are tl.math.div_rn (a plain float32 ``/`` lowers to
@@ -81,84 +82,15 @@ def repro_log(u):
 
 
 @triton.jit
-def repro_exponential(word):
-    v = (word.to(tl.float32) + 0.5) * 2.3283064365386963e-10
-    x = -v
-    s = tl.math.div_rn(x, 2.0 + x)
-    s2 = s * s
-    acc = s2 * 0.0 + 1.0 / 13.0
-    acc = acc * s2 + 1.0 / 11.0
-    acc = acc * s2 + 1.0 / 9.0
-    acc = acc * s2 + 1.0 / 7.0
-    acc = acc * s2 + 1.0 / 5.0
-    acc = acc * s2 + 1.0 / 3.0
-    acc = acc * s2 + 1.0
-    small = -((s * acc) * 2.0)
-    one_minus = 1.0 - v
-    large = -repro_log(tl.where(one_minus > 0.0, one_minus, 1.0))
-    large = tl.where(one_minus > 0.0, large, float("inf"))
-    return tl.where(v < 0.5, small, large)
-
-
-# 1 +- 2^-12, over 6x the worst relative error of a step below (3.7e-5: the exponent
-# argument's roundings over |y| <= 125, the fast exp2, repro_exp's own error).
-BOUND_UP = tl.constexpr(1.000244140625)
-BOUND_DOWN = tl.constexpr(0.999755859375)
-
-
-@triton.jit
-def race_block_words(seed, position, blocks):
-    """Philox words of the race stream (PURPOSE_SAMPLE = 1) at counter indices ``blocks``
-    (a tensor): the key and the first three counter words stay scalars, so the key schedule
-    and the first round's uniform half cost one thread-wide operation, not one per entry."""
-    p_lo = (position & 0xFFFFFFFF).to(tl.uint32)
-    p_hi = ((position >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    k_lo = (seed & 0xFFFFFFFF).to(tl.uint32)
-    k_hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    return philox(p_lo, p_hi, tl.full([], 1, tl.uint32), blocks.to(tl.uint32), k_lo, k_hi)
-
-
-@triton.jit
-def select_word(lane, w0, w1, w2, w3):
-    """Word ``lane`` (the column of a [n, 4] tile) of each row's Philox block."""
-    return tl.where(lane == 0, w0[:, None], tl.where(lane == 1, w1[:, None],
-                                                     tl.where(lane == 2, w2[:, None], w3[:, None])))
-
-
-@triton.jit
-def race_score_bounds(z, q, word, exclude, max_logit, log2e_over_t, kth, inv_z1, p_min, inv_z2):
-    """(upper, lower) bounds of each entry's exact race score ``div_rn(r, repro_exponential
-    (word))`` (-1 where r <= 0), from the hardware's fast exp2 and approximate divisions.
-    ``inv_z1``, ``inv_z2``: 1 / normalisers (approximate; the margins cover them).
-
-    r: the exact path rounds every step to float32 and its exp is within ~1e-5 relative of
-    the true one, the fast exp2 too (arguments up to 125 in magnitude): a 2^-12 margin at
-    each step gives p_lo <= p <= p_hi (top-p keeps a token on the upper side when its upper
-    bound passes, on the lower side when its lower bound does), and rounding is monotone, so
-    fl(p_lo - q) <= fl(p - q) <= fl(p_hi - q).
-    E = -log(1 - v), v = (word + 1/2) 2^-32 (the exact E is within a few ulp of it):
-    E >= v >= s 2^-23 and, for v <= 1/2, E <= v + v^2 <= u (1 + u), u = (s + 1) 2^-23,
-    s = word >> 9 (from the bits: no integer-to-float conversion). Above v = 1/2 the lower
-    bound of the score is 0 (E is unbounded near v = 1).
-    Exact scores below 1.1e-28 involve subnormal probabilities (score <= p / E, E >= 2^-33),
-    which the fast path may flush to 0: every entry of positive weight gets at least that
-    upper bound. The lower bound is -1 unless r_lo >= 2^-100 (7.9e-31), so that every step
-    it bounds stays among normal floats (exact weights below 2^-125 are 0; subnormal
-    quotients lose relative precision)."""
-    w = tl.where(z >= kth, tl.exp2((z - max_logit) * log2e_over_t), 0.0)
-    up2, down2 = BOUND_UP * BOUND_UP, BOUND_DOWN * BOUND_DOWN  # w's margin, then p's
-    p_hi = tl.where(w * (inv_z1 * up2) >= p_min, w * (inv_z2 * up2), 0.0)
-    p_lo = tl.where(w * (inv_z1 * down2) >= p_min, w * (inv_z2 * down2), 0.0)
-    r_hi = tl.where(exclude, 0.0, p_hi - q)
-    r_lo = tl.where(exclude, 0.0, p_lo - q)
-    s = word >> 9
-    e_lo = (s | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
-    u = (s + 0x3F800001).to(tl.float32, bitcast=True) - 1.0  # s + 1 = 2^23 carries into 2.0
-    e_hi = u * (1.0 + u) * BOUND_UP
-    upper = tl.where(r_hi > 0.0, r_hi / e_lo * BOUND_UP, -1.0)  # e_lo = 0: +inf
-    upper = tl.where((w > 0.0) & ~exclude, tl.maximum(upper, 1.1e-28), upper)
-    lower = tl.where(r_lo >= 7.9e-31, tl.where(u <= 0.5, r_lo / e_hi * BOUND_DOWN, 0.0), -1.0)
-    return upper, lower
+def mulhi64(x_lo, x_hi, m):
+    """floor(X * m / 2^64) for X = x_lo + x_hi 2^32 (uint32 words) and 0 <= m < 2^63 (int64):
+    the high word of the 128-bit product, from four exact 32 x 32-bit products."""
+    m = m.to(tl.uint64)
+    m_lo, m_hi = (m << 32) >> 32, m >> 32
+    x_lo, x_hi = x_lo.to(tl.uint64), x_hi.to(tl.uint64)
+    t = ((x_lo * m_lo) >> 32) + x_hi * m_lo  # < 2^64: (2^32 - 1)^2 + 2^32
+    low = ((t << 32) >> 32) + x_lo * m_hi  # < 2^64
+    return (x_hi * m_hi + (t >> 32) + (low >> 32)).to(tl.int64)
 
 
 @triton.jit
@@ -195,7 +127,12 @@ def weights(z, max_logit, temperature, kth):
 
 
 @triton.jit
+def top_p_weights(w, z1, p_min):
+    """The weights top-p keeps (p = w / z1 >= p_min), 0 elsewhere; p_min = 0 keeps all."""
+    return tl.where(tl.math.div_rn(w, z1) >= p_min, w, 0.0)
+
+
+@triton.jit
 def probs(z, max_logit, temperature, kth, z1, p_min, z2):
     """p_v after top-k, normalisation by z1, top-p (p >= p_min), renormalisation by z2."""
-    w = weights(z, max_logit, temperature, kth)
-    return tl.math.div_rn(tl.where(tl.math.div_rn(w, z1) >= p_min, w, 0.0), z2)
+    return tl.math.div_rn(top_p_weights(weights(z, max_logit, temperature, kth), z1, p_min), z2)

@@ -31,6 +31,7 @@ from .verify_math import (
     load_logits,
     order_key,
     repro_exp,
+    top_p_weights,
     weights,
 )
 
@@ -328,6 +329,7 @@ def threshold_search_kernel(
 @triton.jit(do_not_specialize=["num_tokens", "width", "row_splits"])
 def fixed_sum_kernel(
     part_sum_ptr,  # [batch * width, sum_splits] int64, written
+    block_sum_ptr,  # [batch * width, cdiv(vocab, BLOCK_V)] int64, written: the sums per block
     need_ptr,  # [batch * width] int8: the slots whose exact normaliser the decisions need
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
@@ -378,7 +380,8 @@ def fixed_sum_kernel(
             z1 = row_fixed_sum(first_sum_ptr, slot, num_splits, BLOCK_S)
             p_min = row_p_min(top_p_state_ptr, top_p_agg_ptr, slot, num_slots, row_splits, uses_top_p, top_p,
                               BLOCK_S)
-        split_range = (row_ptr, split * split_len, split_len, vocab)
+        blocks = block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, BLOCK_V)
+        split_range = (row_ptr, blocks, split * split_len, split_len, vocab)
         inverse = exact_inverse(temperature)
         if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
             total = _split_fixed_sum(*split_range, max_logit, inverse, kth, z1, p_min, True, SECOND, BLOCK_V)
@@ -398,11 +401,12 @@ def exact_inverse(temperature):
 
 
 @triton.jit
-def _split_fixed_sum(row_ptr, v_begin, split_len, vocab, max_logit, temperature, kth, z1, p_min,
+def _split_fixed_sum(row_ptr, blocks_ptr, v_begin, split_len, vocab, max_logit, temperature, kth, z1, p_min,
                      MULTIPLY: tl.constexpr, SECOND: tl.constexpr, BLOCK_V: tl.constexpr):
-    """sum floor(w_v 2^40) over [v_begin, v_begin + split_len) (int64, exact).
+    """sum floor(w_v 2^40) over [v_begin, v_begin + split_len) (int64, exact); each block's
+    own sum to ``blocks_ptr`` (the masses verify_sample.py draws from).
     MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse)."""
-    total = tl.zeros([BLOCK_V], tl.int64)
+    total = tl.zeros([], tl.int64)
     offset = 0
     while offset < split_len:
         v = v_begin + offset + tl.arange(0, BLOCK_V)
@@ -412,7 +416,9 @@ def _split_fixed_sum(row_ptr, v_begin, split_len, vocab, max_logit, temperature,
         else:
             w = weights(z, max_logit, temperature, kth)
         if SECOND:
-            w = tl.where(tl.math.div_rn(w, z1) >= p_min, w, 0.0)
-        total += tl.floor(tl.where(v < vocab, w, 0.0) * FIXED_SCALE).to(tl.int64)
+            w = top_p_weights(w, z1, p_min)
+        block = tl.sum(tl.floor(tl.where(v < vocab, w, 0.0) * FIXED_SCALE).to(tl.int64), axis=0)
+        tl.store(blocks_ptr + (v_begin + offset) // BLOCK_V, block, mask=v_begin + offset < vocab)
+        total += block
         offset += BLOCK_V
-    return tl.sum(total, axis=0)
+    return total

@@ -1,0 +1,106 @@
+"""The sampled token of the fused verify: inversion from integer masses (reference/verify.py).
+The reference maps every draw U in [0, M) to the token whose mass range holds it; the
+Triton kernel's 64-bit multiply-high is the exact high word; and the Triton kernel's two
+levels (block sums, then one block) return the reference's tokens when the mass sits at
+block edges, when the n-gram draft is taken out of a block, and across many blocks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import HAS_CUDA
+from specops.backend import Backend, triton_available
+from specops.reference import verify as reference_verify
+from verify_inputs import make_inputs
+
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else [])
+needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton")
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    from specops.triton_kernels.verify_math import mulhi64
+
+    @triton.jit
+    def _mulhi64_kernel(out_ptr, lo_ptr, hi_ptr, m_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < n
+        lo = tl.load(lo_ptr + i, mask=mask, other=0).to(tl.uint32)
+        hi = tl.load(hi_ptr + i, mask=mask, other=0).to(tl.uint32)
+        tl.store(out_ptr + i, mulhi64(lo, hi, tl.load(m_ptr + i, mask=mask, other=0)), mask=mask)
+
+
+def test_reference_maps_each_draw_to_its_mass_range(monkeypatch):
+    masses = torch.tensor([3, 0, 5, 2, 0, 1], dtype=torch.int64)
+    draws = []
+    monkeypatch.setattr(reference_verify, "sample_uniform_int", lambda seed, position, total: draws.pop())
+    tokens = []
+    for u in range(int(masses.sum())):
+        draws.append(u)
+        tokens.append(reference_verify.sample_masses(masses, 0, 0))
+    assert tokens == [0, 0, 0, 2, 2, 2, 2, 2, 3, 3, 5]
+    assert reference_verify.sample_masses(torch.zeros(4, dtype=torch.int64), 0, 0) == 0  # M = 0: token 0
+
+
+def test_reference_draw_is_the_high_word_of_x_times_m():
+    words = reference_verify._words(7, 11, 1, 2)
+    x = int(words[0]) | (int(words[1]) << 32)
+    for total in (1, 3, 2**40, 2**57 + 12345):
+        assert reference_verify.sample_uniform_int(7, 11, total) == (x * total) >> 64 < total
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_mulhi64_is_the_exact_high_word(device):
+    g = torch.Generator().manual_seed(3)
+    n = 4096
+    lo = torch.randint(0, 2**32, (n,), generator=g, dtype=torch.int64)
+    hi = torch.randint(0, 2**32, (n,), generator=g, dtype=torch.int64)
+    m = torch.randint(0, 2**62, (n,), generator=g, dtype=torch.int64) >> torch.randint(0, 62, (n,), generator=g)
+    edges = [(0, 0, 0), (2**32 - 1, 2**32 - 1, 2**63 - 1), (2**32 - 1, 2**32 - 1, 1), (0, 1, 2**32),
+             (2**32 - 1, 0, 2**32 - 1), (1, 2**32 - 1, 2**57), (2**31, 2**31, 2**62 + 2**31)]
+    for k, (a, b, c) in enumerate(edges):
+        lo[k], hi[k], m[k] = a, b, c
+    out = torch.full((n,), -1, dtype=torch.int64, device=device)
+    _mulhi64_kernel[(triton.cdiv(n, 1024),)](out, lo.to(device), hi.to(device), m.to(device), n, BLOCK=1024)
+    expected = [((int(a) | (int(b) << 32)) * int(c)) >> 64 for a, b, c in zip(lo, hi, m)]
+    assert out.cpu().tolist() == expected
+
+
+def _peaked(inputs, vocab, edges, g):
+    """Rows whose mass sits on a few tokens at block edges (the rest 30 below), drafts among
+    them: the draw lands at the edges of blocks, and n-gram drafts are taken out there."""
+    for key in ("target_logits", "bonus_logits"):
+        rows = torch.full_like(inputs[key], -30.0)
+        rows[:, edges] = torch.randn(rows.shape[0], len(edges), generator=g) * 2
+        inputs[key] = rows
+    if inputs["draft_probs"] is not None:
+        q = torch.rand(inputs["draft_probs"].shape, generator=g) ** 8
+        q[:, edges] += torch.rand(q.shape[0], len(edges), generator=g) * 50
+        inputs["draft_probs"] = q / q.sum(-1, keepdim=True)
+    pick = torch.randint(0, len(edges), inputs["draft_token_ids"].shape, generator=g)
+    inputs["draft_token_ids"] = torch.tensor(edges)[pick].to(inputs["draft_token_ids"].dtype)
+    return inputs
+
+
+@needs_triton
+@pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
+@pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
+def test_triton_draw_across_blocks_matches_reference(ngram, with_top, monkeypatch):
+    """16-entry blocks (19 a row at V = 300): the block sums of the normaliser, of the
+    residual pass and the scan inside a block; mass on block edges (15/16, 31/32, the last
+    token) or spread over the row (CPU, interpreter)."""
+    from specops.triton_kernels import verify as triton_verify
+    from test_verify_ops import assert_matches_reference
+
+    for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1)):
+        monkeypatch.setattr(triton_verify, name, value)
+    vocab = 300
+    for seed in range(3):
+        g = torch.Generator().manual_seed(100 + seed)
+        inputs = make_inputs([2, 0, 3, 1, 4], vocab, seed=seed, greedy_fraction=0.0, ngram=ngram, with_top=with_top)
+        if seed > 0:
+            inputs = _peaked(inputs, vocab, [15, 16, 31, 32, vocab - 1], g)
+        assert_matches_reference(inputs, 4, "cpu", Backend.TRITON)
