@@ -48,11 +48,14 @@ from .verify_screen import screen_kernel
 
 BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
 SUM_WARPS = 4
+RESIDUAL_WARPS = 8
 SAMPLE_WARPS = 4
 # The exact normaliser and the residual masses run about one row per request: their splits
-# are sized to fill one wave of resident programs (register-bound: ~71 registers per thread
-# at 4 warps allow 7 programs per SM) without starting a second one.
+# are sized to fill one wave of resident programs without starting a second one
+# (register-bound: 56 registers a thread at 4 warps allow 9 normaliser programs per SM,
+# of which 7 measured best; the residual pass's 58 at 8 warps allow 4).
 SUM_RESIDENT = 7
+RESIDUAL_RESIDENT = 4
 NUM_WARPS = 8
 SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
@@ -195,10 +198,10 @@ def verify(
     sampled = (sample_float, sample_int, target_logits, bonus_logits, draft_probs_arg, cu_num_draft_tokens)
     block_mass = empty(batch, num_blocks, dtype=torch.int64) if has_draft_probs else block_sum
     if has_draft_probs:
-        mass_split_len = wave_split_len(batch, vocab, device, SUM_RESIDENT, BLOCK_V)
+        mass_split_len = wave_split_len(batch, vocab, device, RESIDUAL_RESIDENT, BLOCK_V)
         residual_mass_kernel[(batch, triton.cdiv(vocab, mass_split_len))](
             block_mass, *sampled, num_tokens, vocab, width, mass_split_len, HAS_TOP_P=has_top_p, BLOCK_V=BLOCK_V,
-            num_warps=SUM_WARPS, **exact,
+            num_warps=RESIDUAL_WARPS, **exact,
         )
     sample_kernel[(batch,)](
         out, logprobs if return_logprobs else out, block_sum, block_mass, *sampled, seeds, num_tokens, vocab, width,

@@ -1,0 +1,70 @@
+"""Kernel times of one specops.verify call, from torch.profiler over CUDA-graph replays:
+which launch of the fused verify costs what (bench/NOTES.md quotes these splits).
+
+    python bench/profile_verify.py                      # B=64 random and n-gram, B=256, B=1
+    python bench/profile_verify.py --shapes 64:4:128256:random --backend cuda
+    python bench/profile_verify.py --set RESIDUAL_WARPS=4 --set RESIDUAL_RESIDENT=5   # A/B a launch
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+
+import specops
+from specops.triton_kernels import verify as triton_verify
+from bench_sampling import make_inputs
+from bench_verify import graph_time_us, verify_args
+
+DEFAULT_SHAPES = "64:4:128256:random,64:4:128256:ngram,256:4:128256:random,1:4:128256:random"
+
+
+def kernel_times(fn, replays: int) -> dict[str, float]:
+    """Mean µs per call of each kernel ``fn`` launches, over ``replays`` graph replays."""
+    fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(20):
+        graph.replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    totals = collections.defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] += event.device_time / replays
+    return dict(totals)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="B:k:V:mode, comma-separated")
+    parser.add_argument("--backend", default="triton")
+    parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="override an integer launch constant of triton_kernels/verify.py")
+    args = parser.parse_args()
+    for setting in args.set:
+        name, value = setting.split("=")
+        assert isinstance(getattr(triton_verify, name), int), f"{name} is not a launch constant"
+        setattr(triton_verify, name, int(value))
+    device = torch.device("cuda")
+    for shape in args.shapes.split(","):
+        B, k, V, mode = shape.split(":")
+        x = make_inputs(int(B), int(k), int(V), mode, device, for_flashinfer=False)
+        call = verify_args(x, device)
+        fn = lambda: specops.verify(*call, backend=args.backend, validate=False)  # noqa: E731
+        times = kernel_times(fn, args.replays)
+        print(f"B={B} k={k} V={V} {mode} ({args.backend}, {' '.join(args.set)}): graph replay "
+              f"{graph_time_us(fn, device, 200):.1f} us, kernels {sum(times.values()):.1f} us")
+        for name, us in sorted(times.items(), key=lambda item: -item[1]):
+            print(f"  {us:7.1f}  {name[:90]}")
+
+
+if __name__ == "__main__":
+    main()
