@@ -42,6 +42,7 @@ CASES = [
     ("decide", verify_decide.decide_kernel, {}, False),
     ("residual masses", verify_sample.residual_mass_kernel, {}, False),
     ("sample", verify_sample.sample_kernel, {}, False),
+    ("decide, no draft probs", verify_decide.decide_kernel, {"HAS_DRAFT_PROBS": False}, False),
 ]
 
 
@@ -72,7 +73,7 @@ def test_compiles_for_sm90_with_exact_arithmetic(name, fn, constexprs, approxima
     assert not re.search(r"\bfma\.rn\.f32", ptx), f"{name}: a contracted multiply-add"
     if not approximate:
         assert not re.search(r"div\.(full|approx)\.f32", ptx), f"{name}: an approximate division"
-    if name in ("decide", "fixed sum", "residual masses", "sample"):
+    if name in ("decide", "decide, no draft probs", "fixed sum", "residual masses", "sample"):
         assert re.search(r"div\.rn\.f32", ptx), f"{name}: its exact steps must divide with div.rn"
 
 

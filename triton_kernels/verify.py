@@ -15,9 +15,10 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
 4. exact fixed-point normaliser z1, grid (B * width, S): marked rows only;
 5. top-p search and normaliser z2 (only with top_p given): 8 rounds + 1, top-p rows;
 6. decisions, grid (B,): the remaining acceptance tests, exactly, from the screen's stop;
-7. residual masses (only with draft probs), grid (B, S'): the block sums of the masses at a
-   rejection (verify_sample.py; bonus and n-gram rows use the normaliser's block sums);
-8. the sampled token, grid (B,): inversion over the block sums, then inside one block.
+   a bonus row or n-gram rejection draws its token here, by inversion over the normaliser's
+   block sums, then inside one block (verify_sample.py);
+7. with draft probs only: the residual masses' block sums at a rejection, grid (B, S'),
+   then the token drawn from them, grid (B,).
 With no temperature (every request greedy) and no log-probabilities, launches 1 and 3 only.
 Bytes, plain random requests: each reachable logit row once, plus, per request, the
 sampled row once more for its exact normaliser (which needs the row max first, see
@@ -33,7 +34,7 @@ import functools
 import torch
 import triton
 
-from .verify_decide import SAMPLE_FLOATS, SAMPLE_INTS, decide_kernel
+from .verify_decide import decide_kernel
 from .verify_rows import (
     NUM_CANDIDATES,
     SEARCH_ROUNDS,
@@ -43,7 +44,7 @@ from .verify_rows import (
     row_max_kernel,
     threshold_search_kernel,
 )
-from .verify_sample import residual_mass_kernel, sample_kernel
+from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, residual_mass_kernel, sample_kernel
 from .verify_screen import screen_kernel
 
 BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
@@ -190,22 +191,24 @@ def verify(
 
     sample_float = empty(batch, SAMPLE_FLOATS.value, dtype=torch.float32)
     sample_int = empty(batch, SAMPLE_INTS.value, dtype=torch.int64)
+    block_b = triton.next_power_of_2(num_blocks)
     decide_kernel[(batch,)](
-        out, num_accepted, logprobs if return_logprobs else out, sample_float, sample_int, resume, part_max, part_arg,
-        part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits, **request_flags, **exact,
+        out, num_accepted, logprobs if return_logprobs else out, sample_float, sample_int, block_sum, resume,
+        part_max, part_arg, part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits, **request_flags,
+        BLOCK_V=BLOCK_V, BLOCK_B=block_b, **exact,
     )
-    has_draft_probs = draft_probs is not None
-    sampled = (sample_float, sample_int, target_logits, bonus_logits, draft_probs_arg, cu_num_draft_tokens)
-    block_mass = empty(batch, num_blocks, dtype=torch.int64) if has_draft_probs else block_sum
-    if has_draft_probs:
-        mass_split_len = wave_split_len(batch, vocab, device, RESIDUAL_RESIDENT, BLOCK_V)
-        residual_mass_kernel[(batch, triton.cdiv(vocab, mass_split_len))](
-            block_mass, *sampled, num_tokens, vocab, width, mass_split_len, HAS_TOP_P=has_top_p, BLOCK_V=BLOCK_V,
-            num_warps=RESIDUAL_WARPS, **exact,
-        )
+    if draft_probs is None:  # every token drawn by the decisions
+        return out, num_accepted, logprobs
+    sampled = (sample_float, sample_int, target_logits, bonus_logits, draft_probs, cu_num_draft_tokens)
+    block_mass = empty(batch, num_blocks, dtype=torch.int64)
+    mass_split_len = wave_split_len(batch, vocab, device, RESIDUAL_RESIDENT, BLOCK_V)
+    residual_mass_kernel[(batch, triton.cdiv(vocab, mass_split_len))](
+        block_mass, *sampled, num_tokens, vocab, width, mass_split_len, HAS_TOP_P=has_top_p, BLOCK_V=BLOCK_V,
+        num_warps=RESIDUAL_WARPS, **exact,
+    )
     sample_kernel[(batch,)](
-        out, logprobs if return_logprobs else out, block_sum, block_mass, *sampled, seeds, num_tokens, vocab, width,
-        HAS_DRAFT_PROBS=has_draft_probs, HAS_TOP_P=has_top_p, RETURN_LOGPROBS=return_logprobs, BLOCK_V=BLOCK_V,
-        BLOCK_B=triton.next_power_of_2(num_blocks), num_warps=SAMPLE_WARPS, **exact,
+        out, logprobs if return_logprobs else out, block_mass, *sampled, seeds, num_tokens, vocab, width,
+        HAS_TOP_P=has_top_p, RETURN_LOGPROBS=return_logprobs, BLOCK_V=BLOCK_V, BLOCK_B=block_b,
+        num_warps=SAMPLE_WARPS, **exact,
     )
     return out, num_accepted, logprobs

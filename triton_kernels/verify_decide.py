@@ -24,21 +24,17 @@ from .verify_rows import (
     row_p_min,
     slot_row,
 )
+from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token
 
-SAMPLE_BONUS = tl.constexpr(0)  # masses floor(w 2^40)
-SAMPLE_RESIDUAL = tl.constexpr(1)  # masses floor(max(w - q Z, 0) 2^40), q the draft probs
-SAMPLE_NGRAM = tl.constexpr(2)  # masses floor(w 2^40) without the draft token
-SAMPLE_FLOATS = tl.constexpr(6)  # sample_float row: max logit, temperature, kth, z1, p_min, z2
-SAMPLE_INTS = tl.constexpr(4)  # sample_int row: step (-1: nothing to sample), mode, draft (-1: none),
-#                                position
 
 
 # Grid (batch,). Program b walks request b's steps from resume[b] (the screen emitted the
 # steps before it) with the combined row statistics and exact normalisers:
 # greedy: emit the argmax, stop at the first mismatch; random: the acceptance test
 # u q(x) < p(x) (u from Philox, p(x) from one logit and the row's max and normalisers),
-# stop at the first rejection or the bonus step. The sampled token of a random stop is left
-# to verify_sample.py: its parameters go to sample_float/sample_int.
+# stop at the first rejection or the bonus step, where a random request draws its token
+# (verify_sample.draw_token) from the normaliser's block sums, except at a rejection with
+# draft probs: that one's parameters go to sample_float/sample_int for the residual pass.
 # Bytes: one logit (and one draft prob) per step, the partials of the slots walked.
 @triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "num_splits", "sum_splits"])
 def decide_kernel(
@@ -47,6 +43,7 @@ def decide_kernel(
     logprobs_ptr,  # [batch, width] float32 (RETURN_LOGPROBS)
     sample_float_ptr,  # [batch, SAMPLE_FLOATS] float32
     sample_int_ptr,  # [batch, SAMPLE_INTS] int64
+    block_sum_ptr,  # [batch * width, cdiv(vocab, BLOCK_V)] int64: fixed_sum_kernel's block sums
     resume_ptr,  # [batch] int32: first step to decide here (-1: none; verify_screen.py)
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
@@ -73,6 +70,8 @@ def decide_kernel(
     HAS_TOP_P: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # the block of the block sums
+    BLOCK_B: tl.constexpr,  # >= the number of blocks
 ):
     b = tl.program_id(0)
     num_slots = tl.num_programs(0) * width
@@ -139,18 +138,24 @@ def decide_kernel(
                 if no_finite:  # all mass on token 0: every residual and the bonus draw pick 0
                     token = 0
                 else:
-                    mode = tl.where(is_bonus, 0, 2 - HAS_DRAFT_PROBS)
-                    tl.store(sample_int, i.to(tl.int64))
-                    tl.store(sample_int + 1, mode.to(tl.int64))
-                    tl.store(sample_int + 2, tl.where(in_vocab, draft, -1))
-                    tl.store(sample_int + 3, position0 + i)
-                    tl.store(sample_float, max_logit)
-                    tl.store(sample_float + 1, temperature)
-                    tl.store(sample_float + 2, kth)
-                    tl.store(sample_float + 3, z1)
-                    tl.store(sample_float + 4, p_min)
-                    tl.store(sample_float + 5, z2)
-                    token = -1  # written by sample_kernel
+                    params = (max_logit, temperature, kth, z1, p_min, z2)
+                    if ~is_bonus & (HAS_DRAFT_PROBS != 0):  # the residual masses need their own pass first
+                        tl.store(sample_int, i.to(tl.int64))
+                        tl.store(sample_int + 1, position0 + i)
+                        tl.store(sample_float, max_logit)
+                        tl.store(sample_float + 1, temperature)
+                        tl.store(sample_float + 2, kth)
+                        tl.store(sample_float + 3, z1)
+                        tl.store(sample_float + 4, p_min)
+                        tl.store(sample_float + 5, z2)
+                        token = -1  # written by sample_kernel
+                    else:  # the normaliser's own terms: drawn here, from fixed_sum_kernel's block sums
+                        excluded = tl.where(in_vocab, draft, -1)
+                        token = draw_token(block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, BLOCK_V), row_ptr,
+                                           row_ptr, False, excluded, seed, position0 + i, vocab, *params, False,
+                                           HAS_TOP_P, BLOCK_V, BLOCK_B).to(tl.int32)
+                        z_t = load_logits(row_ptr, token + tl.arange(0, 1), token + tl.arange(0, 1) < vocab)
+                        log_p = tl.sum(log_prob(probs(z_t, *params)), axis=0)
         tl.store(out_row + i, token.to(tl.int32))
         if RETURN_LOGPROBS:
             tl.store(lp_row + i, log_p)

@@ -2,14 +2,14 @@
 rejected row, or the bonus row when every draft passes): a draw by inversion from integer
 masses (reference/verify.py), in two levels: the masses' sums per vocab block of BLOCK_V
 entries, then one program per request that finds the block holding the draw U and the
-token inside it.
+token inside it (draw_token).
 
-Block sums, by what the decisions left in sample_int (verify_decide.py):
 - bonus row, n-gram rejection: the masses are the normaliser's own terms floor(w 2^40),
-  whose block sums fixed_sum_kernel stored (verify_rows.py); no pass of their own (n-gram:
-  sample_kernel takes the draft's term out of its block);
+  whose block sums fixed_sum_kernel stored (verify_rows.py): the decisions draw the token
+  at once (verify_decide.py; n-gram: the draft's term out of its block);
 - rejection with draft probs: floor(max(w - q Z, 0) 2^40), Z the normaliser, summed by
-  residual_mass_kernel, one pass over the row and its draft-probs row.
+  residual_mass_kernel (one pass over the row and its draft-probs row), then drawn by
+  sample_kernel.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .verify_decide import SAMPLE_FLOATS, SAMPLE_INTS, SAMPLE_NGRAM, SAMPLE_RESIDUAL
 from .verify_math import (
     FIXED_SCALE,
     load_logits,
@@ -30,6 +29,10 @@ from .verify_math import (
     weights,
 )
 from .verify_rows import exact_inverse, slot_row
+
+# What the decisions leave for a rejection with draft probs (decide_kernel):
+SAMPLE_FLOATS = tl.constexpr(6)  # sample_float row: max logit, temperature, kth, z1, p_min, z2
+SAMPLE_INTS = tl.constexpr(2)  # sample_int row: step (-1: nothing left to sample), position
 
 
 @triton.jit
@@ -50,7 +53,7 @@ def _masses(z, q, v, draft, vocab, max_logit, temperature, kth, z1, p_min, z2, R
 
 
 # Grid (batch, num_splits). Program (b, s), when request b stopped on a rejection with draft
-# probs, stores the residual masses' sum of each block of its split. Bytes: that row and its
+# probs (sample_int), stores the residual masses' sum of each block of its split. Bytes: that row and its
 # draft-probs row once over all splits; nothing for other requests.
 @triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
 def residual_mass_kernel(
@@ -72,7 +75,7 @@ def residual_mass_kernel(
     split = tl.program_id(1)
     sample_int = sample_int_ptr + b.to(tl.int64) * SAMPLE_INTS
     step = tl.load(sample_int)
-    if (step >= 0) & (tl.load(sample_int + 1) == SAMPLE_RESIDUAL):
+    if step >= 0:
         sample_float = sample_float_ptr + b.to(tl.int64) * SAMPLE_FLOATS
         max_logit, temperature = tl.load(sample_float), tl.load(sample_float + 1)
         kth, z1 = tl.load(sample_float + 2), tl.load(sample_float + 3)
@@ -100,29 +103,59 @@ def residual_mass_kernel(
             offset += BLOCK_V
 
 
-# Grid (batch,). Program b, when request b stopped on a random row: M = the sum of the
-# block sums, U = floor(X M / 2^64) (X: words 0 and 1 of the position's sample draw), the
-# block whose prefix range holds U, then the token whose prefix range inside that block
-# holds it (an inclusive scan of the block's masses); M = 0 gives token 0. Writes the token
-# (and its log-probability). Bytes: the block sums and one block of the row (and of its
-# draft-probs row).
+@triton.jit
+def draw_token(block_sums_ptr, row_ptr, q_row_ptr, residual, draft, seed, position, vocab, max_logit, temperature,
+               kth, z1, p_min, z2, HAS_DRAFT_PROBS: tl.constexpr, HAS_TOP_P: tl.constexpr, BLOCK_V: tl.constexpr,
+               BLOCK_B: tl.constexpr):
+    """The token drawn from a row's masses: M = the sum of the block sums (n-gram: less the
+    draft's own term, draft >= 0), U = floor(X M / 2^64) (X: words 0 and 1 of the
+    position's sample draw), the block whose prefix range holds U, then the token whose
+    prefix range inside that block holds it (an inclusive scan of the block's masses);
+    M = 0 gives token 0. ``residual``: the masses of a rejection with draft probs
+    (HAS_DRAFT_PROBS). Bytes: the block sums and one block of the row (and of its q)."""
+    params = (max_logit, temperature, kth, z1, p_min, z2)
+    num_blocks = tl.cdiv(vocab, BLOCK_V)
+    j = tl.arange(0, BLOCK_B)
+    block_sums = tl.load(block_sums_ptr + j, mask=j < num_blocks, other=0)
+    x = tl.maximum(draft, 0) + tl.arange(0, 1)
+    draft_mass = tl.sum(_masses(load_logits(row_ptr, x, x < vocab), 0.0, x, -1, vocab, *params, False, False,
+                                HAS_TOP_P), axis=0)
+    block_sums -= tl.where((draft >= 0) & (j == draft // BLOCK_V), draft_mass, 0)
+    total = tl.sum(block_sums, axis=0)
+    w0, w1, _w2, _w3 = philox_words(seed, position, 1, tl.zeros([1], tl.int32))
+    u = tl.sum(mulhi64(w0, w1, total), axis=0)  # < total
+    # The block holding U: the blocks whose inclusive prefix sum is <= U come before it.
+    block = tl.sum((tl.cumsum(block_sums, axis=0) <= u).to(tl.int32), axis=0)
+    before = tl.sum(tl.where(j < block, block_sums, 0), axis=0)
+    v = block * BLOCK_V + tl.arange(0, BLOCK_V)
+    in_row = v < vocab
+    z = load_logits(row_ptr, v, in_row)
+    q = tl.zeros([BLOCK_V], tl.float32)
+    if HAS_DRAFT_PROBS:  # q = 0 on other rows: w - 0 * Z is w, bit for bit
+        q = tl.load(q_row_ptr + v, mask=in_row & residual, other=0.0)
+    m = _masses(z, q, v, draft, vocab, *params, HAS_DRAFT_PROBS, False, HAS_TOP_P)
+    token = block * BLOCK_V + tl.sum((tl.cumsum(m, axis=0) + before <= u).to(tl.int32), axis=0)
+    return tl.where(total == 0, 0, token)
+
+
+# Grid (batch,). Program b, when request b stopped on a rejection with draft probs (the
+# decisions drew every other token themselves), draws the token from residual_mass_kernel's
+# block sums and writes it (and its log-probability).
 @triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
 def sample_kernel(
     out_ptr,  # [batch, width] int32
     logprobs_ptr,  # [batch, width] float32 (RETURN_LOGPROBS)
-    block_sum_ptr,  # [batch * width, num_blocks] int64: fixed_sum_kernel's block sums
-    block_mass_ptr,  # [batch, num_blocks] int64: residual_mass_kernel's (HAS_DRAFT_PROBS)
+    block_mass_ptr,  # [batch, num_blocks] int64: residual_mass_kernel's block sums
     sample_float_ptr,  # [batch, SAMPLE_FLOATS] float32
     sample_int_ptr,  # [batch, SAMPLE_INTS] int64
     target_ptr,  # [num_tokens, vocab]
     bonus_ptr,  # [batch, vocab]
-    draft_probs_ptr,  # [num_tokens, vocab] float32 (HAS_DRAFT_PROBS)
+    draft_probs_ptr,  # [num_tokens, vocab] float32
     cu_ptr,  # [batch] int32
     seeds_ptr,  # [batch] int64
     num_tokens,
     vocab,
     width,
-    HAS_DRAFT_PROBS: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -132,10 +165,6 @@ def sample_kernel(
     sample_int = sample_int_ptr + b.to(tl.int64) * SAMPLE_INTS
     step = tl.load(sample_int)
     if step >= 0:
-        mode = tl.load(sample_int + 1)
-        residual = mode == SAMPLE_RESIDUAL
-        draft = tl.where(mode == SAMPLE_NGRAM, tl.load(sample_int + 2), -1)
-        position = tl.load(sample_int + 3)
         sample_float = sample_float_ptr + b.to(tl.int64) * SAMPLE_FLOATS
         max_logit, temperature = tl.load(sample_float), tl.load(sample_float + 1)
         kth, z1 = tl.load(sample_float + 2), tl.load(sample_float + 3)
@@ -144,32 +173,9 @@ def sample_kernel(
         row_ptr, start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, step.to(tl.int32), num_tokens, vocab,
                                           width)
         q_row_ptr = draft_probs_ptr + (start + step) * vocab
-        num_blocks = tl.cdiv(vocab, BLOCK_V)
-        j = tl.arange(0, BLOCK_B)
-        sums = block_sum_ptr + (b.to(tl.int64) * width + step) * num_blocks
-        if HAS_DRAFT_PROBS:
-            sums = tl.where(residual, block_mass_ptr + b.to(tl.int64) * num_blocks, sums)
-        block_sums = tl.load(sums + j, mask=j < num_blocks, other=0)
-        # n-gram: the draft's term out of its block's sum.
-        x = tl.maximum(draft, 0) + tl.arange(0, 1)
-        draft_mass = tl.sum(_masses(load_logits(row_ptr, x, x < vocab), 0.0, x, -1, vocab, *params, False, False,
-                                    HAS_TOP_P), axis=0)
-        block_sums -= tl.where((draft >= 0) & (j == draft // BLOCK_V), draft_mass, 0)
-        total = tl.sum(block_sums, axis=0)
-        w0, w1, _w2, _w3 = philox_words(tl.load(seeds_ptr + b), position, 1, tl.zeros([1], tl.int32))
-        u = tl.sum(mulhi64(w0, w1, total), axis=0)  # < total
-        # The block holding U: the blocks whose inclusive prefix sum is <= U come before it.
-        inclusive = tl.cumsum(block_sums, axis=0)
-        block = tl.sum((inclusive <= u).to(tl.int32), axis=0)
-        before = tl.sum(tl.where(j < block, block_sums, 0), axis=0)
-        v = block * BLOCK_V + tl.arange(0, BLOCK_V)
-        in_row = v < vocab
-        z = load_logits(row_ptr, v, in_row)
-        # q = 0 on a bonus row: w - 0 * Z is w, bit for bit.
-        q = tl.load(q_row_ptr + v, mask=in_row & residual, other=0.0)
-        m = _masses(z, q, v, draft, vocab, *params, HAS_DRAFT_PROBS, False, HAS_TOP_P)
-        token = block * BLOCK_V + tl.sum((tl.cumsum(m, axis=0) + before <= u).to(tl.int32), axis=0)
-        token = tl.where(total == 0, 0, token)
+        token = draw_token(block_mass_ptr + b.to(tl.int64) * tl.cdiv(vocab, BLOCK_V), row_ptr, q_row_ptr, True, -1,
+                           tl.load(seeds_ptr + b), tl.load(sample_int + 1), vocab, *params, True, HAS_TOP_P, BLOCK_V,
+                           BLOCK_B)
         tl.store(out_ptr + b.to(tl.int64) * width + step, token)
         if RETURN_LOGPROBS:
             t = token + tl.arange(0, 1)
