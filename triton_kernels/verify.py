@@ -53,9 +53,9 @@ RESIDUAL_WARPS = 8
 SAMPLE_WARPS = 4
 # The exact normaliser and the residual masses run about one row per request: their splits
 # are sized to fill one wave of resident programs without starting a second one
-# (register-bound: 56 registers a thread at 4 warps allow 9 normaliser programs per SM,
-# of which 7 measured best; the residual pass's 58 at 8 warps allow 4).
-SUM_RESIDENT = 7
+# (register-bound: 56 registers a thread at 4 warps allow 9 normaliser programs per SM;
+# the residual pass's 58 at 8 warps allow 4).
+SUM_RESIDENT = 9
 RESIDUAL_RESIDENT = 4
 NUM_WARPS = 8
 SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
