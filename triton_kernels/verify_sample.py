@@ -52,6 +52,17 @@ def _masses(z, q, v, draft, vocab, max_logit, temperature, kth, z1, p_min, z2, R
     return tl.floor(tl.where(keep, w, 0.0) * FIXED_SCALE).to(tl.int64)
 
 
+@triton.jit
+def _sampled_row(b, step, sample_float_ptr, target_ptr, bonus_ptr, draft_probs_ptr, cu_ptr, num_tokens, vocab,
+                 width):
+    """What decide_kernel left for request b's rejected row at ``step``: (max logit,
+    temperature, kth, z1, p_min, z2), then the logits row and its draft-probs row."""
+    sample_float = sample_float_ptr + b.to(tl.int64) * SAMPLE_FLOATS
+    row_ptr, start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, step.to(tl.int32), num_tokens, vocab, width)
+    return (tl.load(sample_float), tl.load(sample_float + 1), tl.load(sample_float + 2), tl.load(sample_float + 3),
+            tl.load(sample_float + 4), tl.load(sample_float + 5), row_ptr, draft_probs_ptr + (start + step) * vocab)
+
+
 # Grid (batch, num_splits). Program (b, s), when request b stopped on a rejection with draft
 # probs (sample_int), stores the residual masses' sum of each block of its split. Bytes: that row and its
 # draft-probs row once over all splits; nothing for other requests.
@@ -76,13 +87,8 @@ def residual_mass_kernel(
     sample_int = sample_int_ptr + b.to(tl.int64) * SAMPLE_INTS
     step = tl.load(sample_int)
     if step >= 0:
-        sample_float = sample_float_ptr + b.to(tl.int64) * SAMPLE_FLOATS
-        max_logit, temperature = tl.load(sample_float), tl.load(sample_float + 1)
-        kth, z1 = tl.load(sample_float + 2), tl.load(sample_float + 3)
-        p_min, z2 = tl.load(sample_float + 4), tl.load(sample_float + 5)
-        row_ptr, start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, step.to(tl.int32), num_tokens, vocab,
-                                          width)
-        q_row_ptr = draft_probs_ptr + (start + step) * vocab
+        max_logit, temperature, kth, z1, p_min, z2, row_ptr, q_row_ptr = _sampled_row(
+            b, step, sample_float_ptr, target_ptr, bonus_ptr, draft_probs_ptr, cu_ptr, num_tokens, vocab, width)
         blocks = block_mass_ptr + b.to(tl.int64) * tl.cdiv(vocab, BLOCK_V)
         params = (max_logit, temperature, kth, z1, p_min, z2)
         inverse = exact_inverse(temperature)
@@ -165,14 +171,9 @@ def sample_kernel(
     sample_int = sample_int_ptr + b.to(tl.int64) * SAMPLE_INTS
     step = tl.load(sample_int)
     if step >= 0:
-        sample_float = sample_float_ptr + b.to(tl.int64) * SAMPLE_FLOATS
-        max_logit, temperature = tl.load(sample_float), tl.load(sample_float + 1)
-        kth, z1 = tl.load(sample_float + 2), tl.load(sample_float + 3)
-        p_min, z2 = tl.load(sample_float + 4), tl.load(sample_float + 5)
+        max_logit, temperature, kth, z1, p_min, z2, row_ptr, q_row_ptr = _sampled_row(
+            b, step, sample_float_ptr, target_ptr, bonus_ptr, draft_probs_ptr, cu_ptr, num_tokens, vocab, width)
         params = (max_logit, temperature, kth, z1, p_min, z2)
-        row_ptr, start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, step.to(tl.int32), num_tokens, vocab,
-                                          width)
-        q_row_ptr = draft_probs_ptr + (start + step) * vocab
         token = draw_token(block_mass_ptr + b.to(tl.int64) * tl.cdiv(vocab, BLOCK_V), row_ptr, q_row_ptr, True, -1,
                            tl.load(seeds_ptr + b), tl.load(sample_int + 1), vocab, *params, True, HAS_TOP_P, BLOCK_V,
                            BLOCK_B)
