@@ -179,8 +179,8 @@ def verify(
         return out, num_accepted, logprobs
     sums = (need, part_max, part_arg, *top_k_search, *top_p_search)
     sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits)
-    fixed_sum_kernel[(num_slots, sum_splits)](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
-                                              BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
+    fixed_sum_kernel[(num_slots, sum_splits)](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes,
+                                              SECOND=False, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
     if has_top_p:
         for search_round in range(rounds):
             threshold_search_kernel[grid](*top_p_search, part_max, part_arg, *top_k_search, part_sum, *rows,

@@ -27,7 +27,6 @@ from .verify_rows import (
 from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token
 
 
-
 # Grid (batch,). Program b walks request b's steps from resume[b] (the screen emitted the
 # steps before it) with the combined row statistics and exact normalisers:
 # greedy: emit the argmax, stop at the first mismatch; random: the acceptance test

@@ -133,6 +133,20 @@ def top_p_weights(w, z1, p_min):
 
 
 @triton.jit
+def processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY: tl.constexpr, TOP_P: tl.constexpr):
+    """The processed weights: exp((z - max) / T) after top-k and (TOP_P) top-p, the terms of
+    the exact normaliser. MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (a power of
+    two: x / T and x * (1 / T) are the same rounded quotient)."""
+    if MULTIPLY:
+        w = tl.where(z >= kth, repro_exp((z - max_logit) * temperature), 0.0)
+    else:
+        w = weights(z, max_logit, temperature, kth)
+    if TOP_P:
+        w = top_p_weights(w, z1, p_min)
+    return w
+
+
+@triton.jit
 def probs(z, max_logit, temperature, kth, z1, p_min, z2):
     """p_v after top-k, normalisation by z1, top-p (p >= p_min), renormalisation by z2."""
     return tl.math.div_rn(top_p_weights(weights(z, max_logit, temperature, kth), z1, p_min), z2)

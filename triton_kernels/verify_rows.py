@@ -30,8 +30,7 @@ from .verify_math import (
     from_order_key,
     load_logits,
     order_key,
-    repro_exp,
-    top_p_weights,
+    processed_weights,
     weights,
 )
 
@@ -411,12 +410,7 @@ def _split_fixed_sum(row_ptr, blocks_ptr, v_begin, split_len, vocab, max_logit, 
     while offset < split_len:
         v = v_begin + offset + tl.arange(0, BLOCK_V)
         z = load_logits(row_ptr, v, v < vocab)
-        if MULTIPLY:
-            w = tl.where(z >= kth, repro_exp((z - max_logit) * temperature), 0.0)
-        else:
-            w = weights(z, max_logit, temperature, kth)
-        if SECOND:
-            w = top_p_weights(w, z1, p_min)
+        w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, SECOND)
         block = tl.sum(tl.floor(tl.where(v < vocab, w, 0.0) * FIXED_SCALE).to(tl.int64), axis=0)
         tl.store(blocks_ptr + (v_begin + offset) // BLOCK_V, block, mask=v_begin + offset < vocab)
         total += block

@@ -24,9 +24,7 @@ from .verify_math import (
     mulhi64,
     philox_words,
     probs,
-    repro_exp,
-    top_p_weights,
-    weights,
+    processed_weights,
 )
 from .verify_rows import exact_inverse, slot_row
 
@@ -40,12 +38,7 @@ def _masses(z, q, v, draft, vocab, max_logit, temperature, kth, z1, p_min, z2, R
             MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr):
     """The int64 masses of entries v (0 past the vocab and, n-gram, at the draft).
     MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (verify_rows.exact_inverse)."""
-    if MULTIPLY:
-        w = tl.where(z >= kth, repro_exp((z - max_logit) * temperature), 0.0)
-    else:
-        w = weights(z, max_logit, temperature, kth)
-    if HAS_TOP_P:
-        w = top_p_weights(w, z1, p_min)
+    w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
     if RESIDUAL:
         w = w - q * z2  # the residual max(p - q, 0) scaled by Z: no division
     keep = (v < vocab) & (v != draft) & (w > 0.0)
