@@ -15,7 +15,7 @@ from engine_models import VOCAB, greedy_reference, save_tiny_llama
 from specops.engine.checkpoint import load_model
 from specops.engine.config import LlamaConfig
 from specops.engine.kv_cache import KVCache, SequenceChunk, build_attention_batch
-from specops.engine.model import EAGER_STEPS
+from specops.engine.model import EAGER_STEPS, rope_qkv
 from specops.engine.runner import ModelRunner
 from specops.engine.request import Request
 from specops.engine.spec_decode import EngineConfig, SpecDecodeEngine
@@ -171,7 +171,7 @@ def test_eager_elementwise_steps_equal_unfused_formulas(dtype):
     q, k, v = rand(n, hq * d), rand(n, hkv * d), rand(n, hkv * d)  # the three unfused projections
     angles = torch.rand(n, d // 2, generator=g) * 100
     cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
-    got = EAGER_STEPS.rope_qkv(torch.cat((q, k, v), -1), cos, sin, hq, hkv)
+    got = rope_qkv(torch.cat((q, k, v), -1), cos, sin, hq, hkv)
     c, s = cos.to(dtype), sin.to(dtype)
     expected = (old_apply_rope(q.view(n, hq, d), c, s), old_apply_rope(k.view(n, hkv, d), c, s), v.view(n, hkv, d))
     for got_t, expected_t in zip(got, expected):

@@ -8,8 +8,9 @@ Parameter names follow Hugging Face's ``LlamaForCausalLM`` except for two fused
 projections, one GEMM each: ``self_attn.qkv_proj`` (HF's q, k, v stacked along the output
 dim) and ``mlp.gate_up_proj`` (gate then up). :func:`hf_tensor_names` is the mapping the
 checkpoint loader uses. Between the GEMMs, the elementwise steps (residual add + RMSNorm,
-RoPE of q and k, silu(gate) * up) are four small pure-torch functions, compiled on CUDA
-in the forwards captured into CUDA graphs (LlamaForCausalLM.compile_elementwise).
+RoPE of q and k with the cache writes, silu(gate) * up) are four small pure-torch
+functions; in the CUDA forwards captured into CUDA graphs the norms run compiled and the
+other two as Triton kernels (fast_steps, LlamaForCausalLM.compile_elementwise).
 """
 
 from __future__ import annotations
@@ -84,6 +85,16 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads:
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v.contiguous()
 
 
+def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+               key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+               validate: bool) -> torch.Tensor:
+    """The attention prologue: :func:`rope_qkv`, then k and v written into their cache slots
+    (``ops.reshape_and_cache``, which checks its values when ``validate``). Returns q ``[N, Hq, D]``."""
+    q, k, v = rope_qkv(qkv, cos, sin, num_heads, num_kv_heads)
+    ops.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping, validate=validate)
+    return q
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up``. Shape: gate_up ``[N, 2 I]`` (gate, then up); returns ``[N, I]``."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -98,12 +109,12 @@ class ElementwiseSteps:
 
     rms_norm: Callable
     add_rms_norm: Callable
-    rope_qkv: Callable
+    rope_cache: Callable
     silu_mul: Callable
 
 
-EAGER_STEPS = ElementwiseSteps(rms_norm, add_rms_norm, rope_qkv, silu_mul)
-_compiled_steps: ElementwiseSteps | None = None
+EAGER_STEPS = ElementwiseSteps(rms_norm, add_rms_norm, rope_cache, silu_mul)
+_fast_steps: ElementwiseSteps | None = None
 
 
 def _compile_step(fn: Callable) -> Callable:
@@ -126,14 +137,30 @@ def _compile_step(fn: Callable) -> Callable:
     return step
 
 
-def compiled_steps() -> ElementwiseSteps:
-    """The steps through ``torch.compile`` (one or two fused Triton kernels each instead of up
-    to ten eager ones), wrapped on first use; each compiles on its first call, so a forward
-    must run outside any CUDA graph capture first (ModelRunner's warm-up does)."""
-    global _compiled_steps
-    if _compiled_steps is None:
-        _compiled_steps = ElementwiseSteps(*(_compile_step(f) for f in (rms_norm, add_rms_norm, rope_qkv, silu_mul)))
-    return _compiled_steps
+def _triton_rope_cache(qkv, cos, sin, num_heads, num_kv_heads, key_cache, value_cache, slot_mapping, validate):
+    from specops.triton_kernels.rope_cache import rope_cache as triton_rope_cache
+
+    if validate:  # the values reshape_and_cache would check: the kernel skips a bad slot silently
+        num_slots = key_cache.shape[0] * key_cache.shape[1]
+        if bool(((slot_mapping < -1) | (slot_mapping >= num_slots)).any()):
+            raise ValueError(f"slot_mapping: slots must be -1 (padding) or in [0, {num_slots})")
+    return triton_rope_cache(qkv, cos, sin, num_heads, num_kv_heads, key_cache, value_cache, slot_mapping)
+
+
+def fast_steps() -> ElementwiseSteps:
+    """The steps for CUDA forwards: the norms through ``torch.compile`` (one or two fused
+    Triton kernels each instead of up to ten eager ones; each compiles on its first call, so
+    a forward must run outside any CUDA graph capture first, as ModelRunner's warm-up does),
+    RoPE + cache writes and silu * up as one hand-written Triton kernel each
+    (triton_kernels/rope_cache.py, silu_mul.py: the compiled versions took 2.5x and 3x
+    their bytes' time at the llama-1b scoring step)."""
+    global _fast_steps
+    if _fast_steps is None:
+        from specops.triton_kernels.silu_mul import silu_mul as triton_silu_mul
+
+        _fast_steps = ElementwiseSteps(_compile_step(rms_norm), _compile_step(add_rms_norm), _triton_rope_cache,
+                                       triton_silu_mul)
+    return _fast_steps
 
 
 class RMSNorm(nn.Module):
@@ -158,8 +185,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch,
                 key_cache: torch.Tensor, value_cache: torch.Tensor, validate: bool,
                 steps: ElementwiseSteps) -> torch.Tensor:
-        q, k, v = steps.rope_qkv(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads)
-        ops.reshape_and_cache(k, v, key_cache, value_cache, batch.slot_mapping, validate=validate)
+        q = steps.rope_cache(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, key_cache, value_cache,
+                             batch.slot_mapping, validate)
         out, _ = ops.paged_attention(q, key_cache, value_cache, batch.block_table, batch.seq_lens,
                                      batch.cu_query_lens, self.scale, max_query_len=batch.max_query_len,
                                      validate=validate)
@@ -199,8 +226,9 @@ class LlamaForCausalLM(nn.Module):
     Two switches, settable after construction:
 
     - ``validate_ops``: value checks in the ops (a device sync each); None = on for the CPU only.
-    - ``compile_elementwise``: run the elementwise steps between GEMMs through
-      ``torch.compile`` (token dimension dynamic) on CUDA tensors (never on the CPU).
+    - ``compile_elementwise``: run the elementwise steps between GEMMs as :func:`fast_steps`
+      (norms through ``torch.compile`` with the token dimension dynamic, RoPE + cache
+      writes and silu * up as Triton kernels) on CUDA tensors (never on the CPU).
       None (default) = in the forwards ModelRunner captures into CUDA graphs (and their
       warm-ups) only: there the compiled steps cut 656 kernels to 216 a llama-1b forward,
       while called eagerly each compiled step pays guard checks on the host (add_rms_norm
@@ -248,7 +276,7 @@ class LlamaForCausalLM(nn.Module):
         if device.type != "cuda" or self.compile_elementwise is False or os.environ.get("SPECOPS_NO_COMPILE") == "1":
             return EAGER_STEPS
         if self.compile_elementwise or self._for_cuda_graph:
-            return compiled_steps()
+            return fast_steps()
         return EAGER_STEPS
 
     @torch.inference_mode()
