@@ -1,13 +1,14 @@
-"""The engine's own Triton kernels (triton_kernels/rope_cache.py, silu_mul.py) against the
-eager steps they replace (specops/engine/model.py), on fresh random inputs."""
+"""The engine's own Triton kernel (triton_kernels/rope_cache.py) against the eager steps it
+replaces (specops/engine/model.py), on fresh random inputs."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import HAS_CUDA
 
 from specops import ops
@@ -15,7 +16,6 @@ from specops.engine.model import rope_qkv
 
 pytest.importorskip("triton")
 from specops.triton_kernels.rope_cache import rope_cache  # noqa: E402
-from specops.triton_kernels.silu_mul import silu_mul  # noqa: E402
 
 DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                                          reason="Triton on the CPU needs TRITON_INTERPRET=1"))]
@@ -65,26 +65,30 @@ def test_rope_cache_errors_name_the_argument(device):
         rope_cache(qkv, cos, sin, 4, 2, key_cache, value_cache, slots.int())
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n, intermediate", [(7, 136), (3, 2048), (1, 1500)])
-def test_silu_mul_matches_eager(device, dtype, n, intermediate):
-    """Within one rounding of the eager result (the exponentials differ in the last float32
-    bits), and in bf16/fp16 equal on nearly every entry."""
-    g = torch.Generator().manual_seed(intermediate + n)
-    wide = (torch.randn(n, 2 * intermediate + 8, generator=g) * 4).to(dtype).to(device)
-    gate_up = wide[:, 8:]  # a row stride wider than the row
-    gate, up = gate_up.chunk(2, dim=-1)
-    expected = F.silu(gate.contiguous()) * up
-    got = silu_mul(gate_up)
-    assert got.shape == (n, intermediate) and got.dtype == dtype
-    assert not got.isnan().any()
-    rtol = {torch.float32: 1e-6, torch.bfloat16: 2**-7, torch.float16: 2**-10}[dtype]
-    torch.testing.assert_close(got, expected, rtol=rtol, atol=1e-6)
-    if dtype != torch.float32:
-        assert (got == expected).float().mean() > 0.98
+COMPILE_SCRIPT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from specops.triton_kernels.rope_cache import rope_cache_kernel
+
+def compile_for_sm90(fn, pointers, constexprs):
+    signature = {name: constexprs and name in constexprs and 'constexpr' or pointers.get(name, 'i32')
+                 for name in fn.arg_names}
+    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    triton.compile(source, target=GPUTarget('cuda', 90, 32), options={'enable_fp_fusion': False})
+
+for dtype in ('bf16', 'fp16', 'fp32'):
+    compile_for_sm90(rope_cache_kernel, {'q_ptr': '*' + dtype, 'key_cache_ptr': '*' + dtype,
+                     'value_cache_ptr': '*' + dtype, 'qkv_ptr': '*' + dtype, 'cos_ptr': '*fp32', 'sin_ptr': '*fp32',
+                     'slot_mapping_ptr': '*i64'},
+                     {'NUM_HEADS': 32, 'NUM_KV_HEADS': 8, 'HEAD_DIM': 64, 'BLOCK_HQ': 32, 'BLOCK_HKV': 8, 'BLOCK_HALF': 32})
+print('compiled')
+"""
 
 
-def test_silu_mul_errors_name_the_argument():
-    with pytest.raises(ValueError, match="gate_up"):
-        silu_mul(torch.randn(3, 5))
+def test_kernels_compile_for_sm90():
+    """The GPU compiler is stricter than the interpreter (a variable may not change type in a
+    branch): compile the kernel for sm_90 offline, in a process without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], check=False, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]

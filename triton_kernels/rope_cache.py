@@ -25,9 +25,9 @@ def _rotate_half(x1, x2, c1, c2, s1, s2, DTYPE: tl.constexpr):
     return out1.to(DTYPE), out2.to(DTYPE)  # exact: already DTYPE values
 
 
-# Grid (N,). Program i rotates token i's q heads (into q) and k heads, and stores k and v in
-# slot slot_mapping[i] of the caches (skipped when -1 or outside the cache). Bytes: the
-# token's qkv row read once, q, k, v written once.
+# Grid (N, 2). Program (i, 0) rotates token i's q heads into q; program (i, 1) rotates its
+# k heads and stores k and v in slot slot_mapping[i] of the caches (skipped when -1 or
+# outside the cache). Bytes: the token's qkv row read once, q, k, v written once.
 @triton.jit(do_not_specialize=["num_slots"])
 def rope_cache_kernel(
     q_ptr,  # [N, Hq, D], written
@@ -58,31 +58,31 @@ def rope_cache_kernel(
     s1 = round_to(tl.load(sin_row + d, mask=d_ok), DTYPE)[None, :]
     s2 = round_to(tl.load(sin_row + HALF + d, mask=d_ok), DTYPE)[None, :]
     row = qkv_ptr + i * qkv_stride
-
-    hq = tl.arange(0, BLOCK_HQ)[:, None]
-    q_mask = (hq < NUM_HEADS) & d_ok[None, :]
-    src = row + hq * HEAD_DIM + d[None, :]
-    x1 = tl.load(src, mask=q_mask).to(tl.float32)
-    x2 = tl.load(src + HALF, mask=q_mask).to(tl.float32)
-    out1, out2 = _rotate_half(x1, x2, c1, c2, s1, s2, DTYPE)
-    dst = q_ptr + (i * NUM_HEADS + hq) * HEAD_DIM + d[None, :]
-    tl.store(dst, out1, mask=q_mask)
-    tl.store(dst + HALF, out2, mask=q_mask)
-
-    slot = tl.load(slot_mapping_ptr + i)
-    if (slot >= 0) & (slot < num_slots):
-        hk = tl.arange(0, BLOCK_HKV)[:, None]
-        kv_mask = (hk < NUM_KV_HEADS) & d_ok[None, :]
-        src = row + (NUM_HEADS + hk) * HEAD_DIM + d[None, :]
-        x1 = tl.load(src, mask=kv_mask).to(tl.float32)
-        x2 = tl.load(src + HALF, mask=kv_mask).to(tl.float32)
+    if tl.program_id(1) == 0:  # the q heads
+        hq = tl.arange(0, BLOCK_HQ)[:, None]
+        q_mask = (hq < NUM_HEADS) & d_ok[None, :]
+        q_src = row + hq * HEAD_DIM + d[None, :]
+        x1 = tl.load(q_src, mask=q_mask).to(tl.float32)
+        x2 = tl.load(q_src + HALF, mask=q_mask).to(tl.float32)
         out1, out2 = _rotate_half(x1, x2, c1, c2, s1, s2, DTYPE)
-        dst = (slot * NUM_KV_HEADS + hk) * HEAD_DIM + d[None, :]  # slot = block * block_size + offset
-        tl.store(key_cache_ptr + dst, out1, mask=kv_mask)
-        tl.store(key_cache_ptr + dst + HALF, out2, mask=kv_mask)
-        src += NUM_KV_HEADS * HEAD_DIM  # v: copied unrotated, in two halves like k
-        tl.store(value_cache_ptr + dst, tl.load(src, mask=kv_mask), mask=kv_mask)
-        tl.store(value_cache_ptr + dst + HALF, tl.load(src + HALF, mask=kv_mask), mask=kv_mask)
+        q_dst = q_ptr + (i * NUM_HEADS + hq) * HEAD_DIM + d[None, :]
+        tl.store(q_dst, out1, mask=q_mask)
+        tl.store(q_dst + HALF, out2, mask=q_mask)
+    else:  # the k and v heads, into the caches
+        slot = tl.load(slot_mapping_ptr + i)
+        if (slot >= 0) & (slot < num_slots):
+            hk = tl.arange(0, BLOCK_HKV)[:, None]
+            kv_mask = (hk < NUM_KV_HEADS) & d_ok[None, :]
+            k_src = row + (NUM_HEADS + hk) * HEAD_DIM + d[None, :]
+            k1 = tl.load(k_src, mask=kv_mask).to(tl.float32)
+            k2 = tl.load(k_src + HALF, mask=kv_mask).to(tl.float32)
+            rotated1, rotated2 = _rotate_half(k1, k2, c1, c2, s1, s2, DTYPE)
+            cache_offset = (slot * NUM_KV_HEADS + hk) * HEAD_DIM + d[None, :]  # slot = block * block_size + offset
+            tl.store(key_cache_ptr + cache_offset, rotated1, mask=kv_mask)
+            tl.store(key_cache_ptr + cache_offset + HALF, rotated2, mask=kv_mask)
+            v_src = k_src + NUM_KV_HEADS * HEAD_DIM  # v: copied unrotated, in two halves like k
+            tl.store(value_cache_ptr + cache_offset, tl.load(v_src, mask=kv_mask), mask=kv_mask)
+            tl.store(value_cache_ptr + cache_offset + HALF, tl.load(v_src + HALF, mask=kv_mask), mask=kv_mask)
 
 
 def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
@@ -108,7 +108,7 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_head
     q = torch.empty((n, num_heads, d), dtype=qkv.dtype, device=qkv.device)
     if n == 0:
         return q
-    rope_cache_kernel[(n,)](
+    rope_cache_kernel[(n, 2)](
         q, key_cache, value_cache, qkv, qkv.stride(0), cos, sin, slot_mapping,
         key_cache.shape[0] * key_cache.shape[1], NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d,
         BLOCK_HQ=triton.next_power_of_2(num_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),

@@ -9,8 +9,8 @@ projections, one GEMM each: ``self_attn.qkv_proj`` (HF's q, k, v stacked along t
 dim) and ``mlp.gate_up_proj`` (gate then up). :func:`hf_tensor_names` is the mapping the
 checkpoint loader uses. Between the GEMMs, the elementwise steps (residual add + RMSNorm,
 RoPE of q and k with the cache writes, silu(gate) * up) are four small pure-torch
-functions; in the CUDA forwards captured into CUDA graphs the norms run compiled and the
-other two as Triton kernels (fast_steps, LlamaForCausalLM.compile_elementwise).
+functions; in the CUDA forwards captured into CUDA graphs three run compiled and RoPE with
+the cache writes as a Triton kernel (fast_steps, LlamaForCausalLM.compile_elementwise).
 """
 
 from __future__ import annotations
@@ -148,18 +148,16 @@ def _triton_rope_cache(qkv, cos, sin, num_heads, num_kv_heads, key_cache, value_
 
 
 def fast_steps() -> ElementwiseSteps:
-    """The steps for CUDA forwards: the norms through ``torch.compile`` (one or two fused
-    Triton kernels each instead of up to ten eager ones; each compiles on its first call, so
-    a forward must run outside any CUDA graph capture first, as ModelRunner's warm-up does),
-    RoPE + cache writes and silu * up as one hand-written Triton kernel each
-    (triton_kernels/rope_cache.py, silu_mul.py: the compiled versions took 2.5x and 3x
-    their bytes' time at the llama-1b scoring step)."""
+    """The steps for CUDA forwards: the norms and silu * up through ``torch.compile`` (one or
+    two fused Triton kernels each instead of up to ten eager ones; each compiles on its first
+    call, so a forward must run outside any CUDA graph capture first, as ModelRunner's
+    warm-up does), RoPE + cache writes as one hand-written Triton kernel
+    (triton_kernels/rope_cache.py: one launch for the compiled RoPE's three kernels and
+    reshape_and_cache)."""
     global _fast_steps
     if _fast_steps is None:
-        from specops.triton_kernels.silu_mul import silu_mul as triton_silu_mul
-
         _fast_steps = ElementwiseSteps(_compile_step(rms_norm), _compile_step(add_rms_norm), _triton_rope_cache,
-                                       triton_silu_mul)
+                                       _compile_step(silu_mul))
     return _fast_steps
 
 
@@ -227,8 +225,8 @@ class LlamaForCausalLM(nn.Module):
 
     - ``validate_ops``: value checks in the ops (a device sync each); None = on for the CPU only.
     - ``compile_elementwise``: run the elementwise steps between GEMMs as :func:`fast_steps`
-      (norms through ``torch.compile`` with the token dimension dynamic, RoPE + cache
-      writes and silu * up as Triton kernels) on CUDA tensors (never on the CPU).
+      (torch.compile with the token dimension dynamic; RoPE + cache writes as a Triton
+      kernel) on CUDA tensors (never on the CPU).
       None (default) = in the forwards ModelRunner captures into CUDA graphs (and their
       warm-ups) only: there the compiled steps cut 656 kernels to 216 a llama-1b forward,
       while called eagerly each compiled step pays guard checks on the host (add_rms_norm
