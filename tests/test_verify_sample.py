@@ -2,7 +2,8 @@
 The reference maps every draw U in [0, M) to the token whose mass range holds it; the
 Triton kernel's 64-bit multiply-high is the exact high word; and the Triton kernel's two
 levels (block sums, then one block) return the reference's tokens when the mass sits at
-block edges, when the n-gram draft is taken out of a block, and across many blocks."""
+block edges, when the n-gram draft is taken out of a block, and across many blocks; the
+residual draw, by the last of a row's programs to finish, in every request of a batch."""
 
 from __future__ import annotations
 
@@ -104,3 +105,47 @@ def test_triton_draw_across_blocks_matches_reference(ngram, with_top, monkeypatc
         if seed > 0:
             inputs = _peaked(inputs, vocab, [15, 16, 31, 32, vocab - 1], g)
         assert_matches_reference(inputs, 4, "cpu", Backend.TRITON)
+
+
+class _GarbageTorch:
+    """torch, except that empty() int32 tensors start full of garbage (the launcher's counters
+    and indices must be written before they are read)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*shape, dtype, device):
+        size = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if dtype == torch.int32:
+            return torch.full(size, 12345, dtype=dtype, device=device)
+        return torch.empty(size, dtype=dtype, device=device)
+
+
+@needs_triton
+@pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
+def test_triton_residual_draw_in_every_request(with_top, monkeypatch):
+    """Four random requests reject their first draft (q ~ 1 there, p ~ 0): each draws from
+    its residual masses, its row cut into 10 programs whose last arrival draws; a greedy
+    request and one without drafts leave their programs idle. int32 workspaces start as
+    garbage: the decisions zero the arrival counters, no memset (CPU, interpreter: the
+    programs run one at a time, in one order)."""
+    from specops.triton_kernels import verify as triton_verify
+    from test_verify_ops import assert_matches_reference
+
+    for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
+                        ("RESIDUAL_RESIDENT", 16)):
+        monkeypatch.setattr(triton_verify, name, value)
+    monkeypatch.setattr(triton_verify, "torch", _GarbageTorch())
+    counts, vocab = [2, 1, 0, 3, 1, 2], 300
+    inputs = make_inputs(counts, vocab, seed=11, greedy_fraction=0.0, with_top=with_top)
+    inputs["temperature"][4] = 0.0
+    rows, drafts = torch.arange(sum(counts)), inputs["draft_token_ids"].long()
+    inputs["target_logits"][rows, drafts] = -30.0
+    q = torch.full_like(inputs["draft_probs"], 1e-6)
+    q[rows, drafts] = 1.0
+    inputs["draft_probs"] = q / q.sum(-1, keepdim=True)
+    assert triton_verify.wave_split_len(len(counts), vocab, torch.device("cpu"), 16, 16) == 32  # 10 programs a row
+    _tokens, num_accepted, _logprobs = reference_verify.verify(**inputs, max_spec_len=3)
+    assert num_accepted.tolist() == [0] * len(counts)  # request 2: its bonus; 4: greedy
+    assert_matches_reference(inputs, 3, "cpu", Backend.TRITON)

@@ -23,7 +23,7 @@ from triton.backends.compiler import GPUTarget
 ROW_POINTERS = {"target_ptr": "*bf16", "bonus_ptr": "*bf16", "cu_ptr": "*i32", "part_arg_ptr": "*i32",
                 "draft_ptr": "*i64", "top_k_ptr": "*i32", "seeds_ptr": "*i64", "positions_ptr": "*i64",
                 "out_ptr": "*i32", "num_accepted_ptr": "*i32", "need_ptr": "*i8", "resume_ptr": "*i32",
-                "sample_int_ptr": "*i64"}
+                "sample_int_ptr": "*i64", "arrivals_ptr": "*i32"}
 INT_POINTER_SUFFIXES = ("state_ptr", "agg_ptr", "sum_ptr", "sum2_ptr", "mass_ptr")
 SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_round", "num_splits", "sum_splits"}
 FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_LOGPROBS": True, "BLOCK_S": 64,
@@ -37,11 +37,11 @@ CASES = [
     ("screen, all greedy", verify_screen.screen_kernel, {"ALL_GREEDY": True, "RETURN_LOGPROBS": False}, True),
     ("top-k search", verify_rows.threshold_search_kernel, {"MODE": 0, "BLOCK_V": 256}, False),
     ("top-p search", verify_rows.threshold_search_kernel, {"MODE": 1, "BLOCK_V": 256}, False),
-    ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048}, False),
-    ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
+    ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "KEEP_IN_L2": True, "BLOCK_V": 2048}, False),
+    ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "KEEP_IN_L2": False, "BLOCK_V": 2048}, False),
     ("decide", verify_decide.decide_kernel, {}, False),
-    ("residual masses", verify_sample.residual_mass_kernel, {}, False),
-    ("sample", verify_sample.sample_kernel, {}, False),
+    ("residual sample", verify_sample.residual_sample_kernel, {}, False),
+    ("residual sample, no logprobs", verify_sample.residual_sample_kernel, {"RETURN_LOGPROBS": False}, False),
     ("decide, no draft probs", verify_decide.decide_kernel, {"HAS_DRAFT_PROBS": False}, False),
 ]
 
@@ -62,19 +62,44 @@ def _signature(fn, constexprs: dict) -> dict:
     return signature
 
 
-@pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
-@pytest.mark.parametrize("name,fn,constexprs,approximate", CASES, ids=[c[0] for c in CASES])
-def test_compiles_for_sm90_with_exact_arithmetic(name, fn, constexprs, approximate):
+def _ptx(fn, constexprs: dict, **options) -> str:
     constexprs = {**{k: v for k, v in FLAGS.items() if k in fn.arg_names}, **constexprs}
     source = triton.compiler.ASTSource(fn=fn, signature=_signature(fn, constexprs), constexprs=constexprs)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                            options={"enable_fp_fusion": False, "num_warps": 8})
-    ptx = kernel.asm["ptx"]
+                            options={"enable_fp_fusion": False, "num_warps": 8, **options})
+    return kernel.asm["ptx"]
+
+
+@pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
+@pytest.mark.parametrize("name,fn,constexprs,approximate", CASES, ids=[c[0] for c in CASES])
+def test_compiles_for_sm90_with_exact_arithmetic(name, fn, constexprs, approximate):
+    ptx = _ptx(fn, constexprs)
     assert not re.search(r"\bfma\.rn\.f32", ptx), f"{name}: a contracted multiply-add"
     if not approximate:
         assert not re.search(r"div\.(full|approx)\.f32", ptx), f"{name}: an approximate division"
-    if name in ("decide", "decide, no draft probs", "fixed sum", "residual masses", "sample"):
+    if name == "fixed sum":  # the rows the residual pass reads again stay in L2 (verify.KEEP_SAMPLED_ROWS)
+        assert "createpolicy.fractional.L2::evict_last" in ptx
+    if name == "residual sample":  # its draft-probs rows are read once
+        assert "createpolicy.fractional.L2::evict_first" in ptx
+    if name in ("decide", "decide, no draft probs", "fixed sum", "residual sample"):
         assert re.search(r"div\.rn\.f32", ptx), f"{name}: its exact steps must divide with div.rn"
+
+
+@pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
+def test_residual_draw_follows_every_programs_block_sums():
+    """residual_sample_kernel, as launched (verify.py): the block sums stored, a CTA barrier,
+    one acq_rel atomic at GPU scope (the arrival), then the block sums read past L1 (.cg);
+    and the register cap that keeps RESIDUAL_RESIDENT programs per SM."""
+    from specops.triton_kernels import verify
+
+    ptx = _ptx(verify_sample.residual_sample_kernel, {}, num_warps=verify.RESIDUAL_WARPS,
+               maxnreg=verify.RESIDUAL_MAX_REGISTERS)
+    arrivals = [m.start() for m in re.finditer(r"atom\.global\.gpu\.acq_rel\.add\.u32", ptx)]
+    assert len(arrivals) == 1, "one arrival per program"
+    before, after = ptx[:arrivals[0]], ptx[arrivals[0]:]
+    assert before.rfind("bar.sync") > before.rfind("st.global"), "no barrier between the stores and the arrival"
+    assert "ld.global.cg" in after, "the block sums are not read past L1"
+    assert re.search(rf"\.maxnreg {verify.RESIDUAL_MAX_REGISTERS}\b", ptx)
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the compile tests above run in this process")

@@ -17,8 +17,9 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
 6. decisions, grid (B,): the remaining acceptance tests, exactly, from the screen's stop;
    a bonus row or n-gram rejection draws its token here, by inversion over the normaliser's
    block sums, then inside one block (verify_sample.py);
-7. with draft probs only: the residual masses' block sums at a rejection, grid (B, S'),
-   then the token drawn from them, grid (B,).
+7. with draft probs only: the residual masses' block sums at a rejection, grid (B, S');
+   the last of a request's programs to finish (an atomic arrival count) draws the token
+   from them in the same launch (verify_sample.py).
 With no temperature (every request greedy) and no log-probabilities, launches 1 and 3 only.
 Bytes, plain random requests: each reachable logit row once, plus, per request, the
 sampled row once more for its exact normaliser (which needs the row max first, see
@@ -44,20 +45,27 @@ from .verify_rows import (
     row_max_kernel,
     threshold_search_kernel,
 )
-from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, residual_mass_kernel, sample_kernel
+from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, residual_sample_kernel
 from .verify_screen import screen_kernel
 
 BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
 SUM_WARPS = 4
 RESIDUAL_WARPS = 8
-SAMPLE_WARPS = 4
 # The exact normaliser and the residual masses run about one row per request: their splits
 # are sized to fill one wave of resident programs without starting a second one
 # (register-bound: 56 registers a thread at 4 warps allow 9 normaliser programs per SM;
-# the residual pass's 58 at 8 warps allow 4).
+# the residual pass at 8 warps is capped at 64 for 4: uncapped, its draw tail takes 80,
+# which allows 3; capped, ptxas spills at most one register, outside the loop: sm_90,
+# Triton 3.6).
 SUM_RESIDENT = 9
 RESIDUAL_RESIDENT = 4
+REGISTERS_PER_SM = 65536
+RESIDUAL_MAX_REGISTERS = REGISTERS_PER_SM // (RESIDUAL_RESIDENT * RESIDUAL_WARPS * 32)
 NUM_WARPS = 8
+# 1: with draft probs and about one marked row per request, the exact normaliser's loads
+# are marked evict_last, so the residual pass's second read of a rejected row (tens of MB
+# at B = 64) finds it in L2; its draft-probs loads are marked evict_first.
+KEEP_SAMPLED_ROWS = 1
 SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
 PROGRAMS_PER_SM = 4
@@ -179,36 +187,37 @@ def verify(
         return out, num_accepted, logprobs
     sums = (need, part_max, part_arg, *top_k_search, *top_p_search)
     sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits)
+    keep = bool(KEEP_SAMPLED_ROWS) and draft_probs is not None and not exact_everywhere
     fixed_sum_kernel[(num_slots, sum_splits)](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes,
-                                              SECOND=False, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
+                                              SECOND=False, KEEP_IN_L2=keep, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS,
+                                              **flags, **exact)
     if has_top_p:
         for search_round in range(rounds):
             threshold_search_kernel[grid](*top_p_search, part_max, part_arg, *top_k_search, part_sum, *rows,
                                           *params, num_tokens, vocab, width, split_len, search_round,
                                           MODE=TOP_P_MODE, BLOCK_V=search_block_v, **flags, **exact)
         fixed_sum_kernel[(num_slots, sum_splits)](part_sum2, block_sum, *sums, part_sum, *rows, *params, *sum_sizes,
-                                                  SECOND=True, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
+                                                  SECOND=True, KEEP_IN_L2=False, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS,
+                                                  **flags, **exact)
 
     sample_float = empty(batch, SAMPLE_FLOATS.value, dtype=torch.float32)
     sample_int = empty(batch, SAMPLE_INTS.value, dtype=torch.int64)
+    # Zeroed by the decisions (no memset launch); a stand-in, never written, for n-gram.
+    arrivals = empty(batch, dtype=torch.int32) if draft_probs is not None else resume
     block_b = triton.next_power_of_2(num_blocks)
     decide_kernel[(batch,)](
-        out, num_accepted, logprobs if return_logprobs else out, sample_float, sample_int, block_sum, resume,
-        part_max, part_arg, part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits, **request_flags,
-        BLOCK_V=BLOCK_V, BLOCK_B=block_b, **exact,
+        out, num_accepted, logprobs if return_logprobs else out, sample_float, sample_int, arrivals, block_sum,
+        resume, part_max, part_arg, part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits,
+        **request_flags, BLOCK_V=BLOCK_V, BLOCK_B=block_b, **exact,
     )
     if draft_probs is None:  # every token drawn by the decisions
         return out, num_accepted, logprobs
-    sampled = (sample_float, sample_int, target_logits, bonus_logits, draft_probs, cu_num_draft_tokens)
     block_mass = empty(batch, num_blocks, dtype=torch.int64)
     mass_split_len = wave_split_len(batch, vocab, device, RESIDUAL_RESIDENT, BLOCK_V)
-    residual_mass_kernel[(batch, triton.cdiv(vocab, mass_split_len))](
-        block_mass, *sampled, num_tokens, vocab, width, mass_split_len, HAS_TOP_P=has_top_p, BLOCK_V=BLOCK_V,
-        num_warps=RESIDUAL_WARPS, **exact,
-    )
-    sample_kernel[(batch,)](
-        out, logprobs if return_logprobs else out, block_mass, *sampled, seeds, num_tokens, vocab, width,
+    residual_sample_kernel[(batch, triton.cdiv(vocab, mass_split_len))](
+        out, logprobs if return_logprobs else out, block_mass, arrivals, sample_float, sample_int, target_logits,
+        bonus_logits, draft_probs, cu_num_draft_tokens, seeds, num_tokens, vocab, width, mass_split_len,
         HAS_TOP_P=has_top_p, RETURN_LOGPROBS=return_logprobs, BLOCK_V=BLOCK_V, BLOCK_B=block_b,
-        num_warps=SAMPLE_WARPS, **exact,
+        num_warps=RESIDUAL_WARPS, maxnreg=RESIDUAL_MAX_REGISTERS, **exact,
     )
     return out, num_accepted, logprobs

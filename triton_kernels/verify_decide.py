@@ -42,6 +42,7 @@ def decide_kernel(
     logprobs_ptr,  # [batch, width] float32 (RETURN_LOGPROBS)
     sample_float_ptr,  # [batch, SAMPLE_FLOATS] float32
     sample_int_ptr,  # [batch, SAMPLE_INTS] int64
+    arrivals_ptr,  # [batch] int32: zeroed for residual_sample_kernel (HAS_DRAFT_PROBS)
     block_sum_ptr,  # [batch * width, cdiv(vocab, BLOCK_V)] int64: fixed_sum_kernel's block sums
     resume_ptr,  # [batch] int32: first step to decide here (-1: none; verify_screen.py)
     part_max_ptr,  # [batch * width, num_splits] float32
@@ -84,6 +85,8 @@ def decide_kernel(
     sample_int = sample_int_ptr + b.to(tl.int64) * SAMPLE_INTS
     sample_float = sample_float_ptr + b.to(tl.int64) * SAMPLE_FLOATS
     tl.store(sample_int, -1)
+    if HAS_DRAFT_PROBS:  # every request: no memset launch, and each call (graph replay) starts at 0
+        tl.store(arrivals_ptr + b, 0)
     i = tl.load(resume_ptr + b)
     done = (i < 0).to(tl.int32)  # the screen decided the whole request
     accepted = tl.zeros([], tl.int32)
@@ -147,7 +150,7 @@ def decide_kernel(
                         tl.store(sample_float + 3, z1)
                         tl.store(sample_float + 4, p_min)
                         tl.store(sample_float + 5, z2)
-                        token = -1  # written by sample_kernel
+                        token = -1  # written by residual_sample_kernel
                     else:  # the normaliser's own terms: drawn here, from fixed_sum_kernel's block sums
                         excluded = tl.where(in_vocab, draft, -1)
                         token = draw_token(block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, BLOCK_V), row_ptr,

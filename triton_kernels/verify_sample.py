@@ -1,15 +1,16 @@
 """The token a random request of the Triton ``verify`` samples at its stop (the first
 rejected row, or the bonus row when every draft passes): a draw by inversion from integer
 masses (reference/verify.py), in two levels: the masses' sums per vocab block of BLOCK_V
-entries, then one program per request that finds the block holding the draw U and the
-token inside it (draw_token).
+entries, then one program per request finds the block holding the draw U and the token
+inside it (draw_token).
 
 - bonus row, n-gram rejection: the masses are the normaliser's own terms floor(w 2^40),
   whose block sums fixed_sum_kernel stored (verify_rows.py): the decisions draw the token
   at once (verify_decide.py; n-gram: the draft's term out of its block);
 - rejection with draft probs: floor(max(w - q Z, 0) 2^40), Z the normaliser, summed by
-  residual_mass_kernel (one pass over the row and its draft-probs row), then drawn by
-  sample_kernel.
+  residual_sample_kernel (one pass over the row and its draft-probs row, split across
+  programs), whose last program to finish for the request draws the token in the same
+  launch.
 """
 
 from __future__ import annotations
@@ -56,52 +57,6 @@ def _sampled_row(b, step, sample_float_ptr, target_ptr, bonus_ptr, draft_probs_p
             tl.load(sample_float + 4), tl.load(sample_float + 5), row_ptr, draft_probs_ptr + (start + step) * vocab)
 
 
-# Grid (batch, num_splits). Program (b, s), when request b stopped on a rejection with draft
-# probs (sample_int), stores the residual masses' sum of each block of its split. Bytes: that row and its
-# draft-probs row once over all splits; nothing for other requests.
-@triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
-def residual_mass_kernel(
-    block_mass_ptr,  # [batch, cdiv(vocab, BLOCK_V)] int64, written
-    sample_float_ptr,  # [batch, SAMPLE_FLOATS] float32
-    sample_int_ptr,  # [batch, SAMPLE_INTS] int64
-    target_ptr,  # [num_tokens, vocab]
-    bonus_ptr,  # [batch, vocab]
-    draft_probs_ptr,  # [num_tokens, vocab] float32
-    cu_ptr,  # [batch] int32
-    num_tokens,
-    vocab,
-    width,
-    split_len,  # a multiple of BLOCK_V
-    HAS_TOP_P: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    b = tl.program_id(0)
-    split = tl.program_id(1)
-    sample_int = sample_int_ptr + b.to(tl.int64) * SAMPLE_INTS
-    step = tl.load(sample_int)
-    if step >= 0:
-        max_logit, temperature, kth, z1, p_min, z2, row_ptr, q_row_ptr = _sampled_row(
-            b, step, sample_float_ptr, target_ptr, bonus_ptr, draft_probs_ptr, cu_ptr, num_tokens, vocab, width)
-        blocks = block_mass_ptr + b.to(tl.int64) * tl.cdiv(vocab, BLOCK_V)
-        params = (max_logit, temperature, kth, z1, p_min, z2)
-        inverse = exact_inverse(temperature)
-        if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
-            params = (max_logit, inverse, kth, z1, p_min, z2)
-        v_begin = split * split_len
-        offset = 0
-        while offset < split_len:
-            v = v_begin + offset + tl.arange(0, BLOCK_V)
-            in_row = v < vocab
-            z = load_logits(row_ptr, v, in_row)
-            q = tl.load(q_row_ptr + v, mask=in_row, other=0.0)
-            if inverse > 0.0:
-                m = _masses(z, q, v, -1, vocab, *params, True, True, HAS_TOP_P)
-            else:
-                m = _masses(z, q, v, -1, vocab, *params, True, False, HAS_TOP_P)
-            tl.store(blocks + (v_begin + offset) // BLOCK_V, tl.sum(m, axis=0), mask=v_begin + offset < vocab)
-            offset += BLOCK_V
-
-
 @triton.jit
 def draw_token(block_sums_ptr, row_ptr, q_row_ptr, residual, draft, seed, position, vocab, max_logit, temperature,
                kth, z1, p_min, z2, HAS_DRAFT_PROBS: tl.constexpr, HAS_TOP_P: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -111,11 +66,13 @@ def draw_token(block_sums_ptr, row_ptr, q_row_ptr, residual, draft, seed, positi
     position's sample draw), the block whose prefix range holds U, then the token whose
     prefix range inside that block holds it (an inclusive scan of the block's masses);
     M = 0 gives token 0. ``residual``: the masses of a rejection with draft probs
-    (HAS_DRAFT_PROBS). Bytes: the block sums and one block of the row (and of its q)."""
+    (HAS_DRAFT_PROBS). Bytes: the block sums and one block of the row (and of its q).
+    The block sums are read past L1 (.cg): residual_sample_kernel reads those that other
+    programs of its own launch wrote, and L1 is not coherent across SMs."""
     params = (max_logit, temperature, kth, z1, p_min, z2)
     num_blocks = tl.cdiv(vocab, BLOCK_V)
     j = tl.arange(0, BLOCK_B)
-    block_sums = tl.load(block_sums_ptr + j, mask=j < num_blocks, other=0)
+    block_sums = tl.load(block_sums_ptr + j, mask=j < num_blocks, other=0, cache_modifier=".cg")
     x = tl.maximum(draft, 0) + tl.arange(0, 1)
     draft_mass = tl.sum(_masses(load_logits(row_ptr, x, x < vocab), 0.0, x, -1, vocab, *params, False, False,
                                 HAS_TOP_P), axis=0)
@@ -137,14 +94,18 @@ def draw_token(block_sums_ptr, row_ptr, q_row_ptr, residual, draft, seed, positi
     return tl.where(total == 0, 0, token)
 
 
-# Grid (batch,). Program b, when request b stopped on a rejection with draft probs (the
-# decisions drew every other token themselves), draws the token from residual_mass_kernel's
-# block sums and writes it (and its log-probability).
+# Grid (batch, num_splits). Program (b, s), when request b stopped on a rejection with draft
+# probs (sample_int), stores the residual masses' sum of each block of its split, then counts
+# itself in arrivals[b] (zeroed by decide_kernel); the last of request b's programs to arrive
+# draws the token from all the block sums (draw_token) and writes it (and its
+# log-probability). Bytes: that row and its draft-probs row once over all splits, then the
+# block sums and one block of both; nothing for other requests.
 @triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
-def sample_kernel(
+def residual_sample_kernel(
     out_ptr,  # [batch, width] int32
     logprobs_ptr,  # [batch, width] float32 (RETURN_LOGPROBS)
-    block_mass_ptr,  # [batch, num_blocks] int64: residual_mass_kernel's block sums
+    block_mass_ptr,  # [batch, cdiv(vocab, BLOCK_V)] int64, written
+    arrivals_ptr,  # [batch] int32: 0 on entry (decide_kernel), num_splits on exit where drawn
     sample_float_ptr,  # [batch, SAMPLE_FLOATS] float32
     sample_int_ptr,  # [batch, SAMPLE_INTS] int64
     target_ptr,  # [num_tokens, vocab]
@@ -155,23 +116,45 @@ def sample_kernel(
     num_tokens,
     vocab,
     width,
+    split_len,  # a multiple of BLOCK_V
     HAS_TOP_P: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_B: tl.constexpr,  # >= the number of blocks
 ):
     b = tl.program_id(0)
+    split = tl.program_id(1)
     sample_int = sample_int_ptr + b.to(tl.int64) * SAMPLE_INTS
     step = tl.load(sample_int)
     if step >= 0:
         max_logit, temperature, kth, z1, p_min, z2, row_ptr, q_row_ptr = _sampled_row(
             b, step, sample_float_ptr, target_ptr, bonus_ptr, draft_probs_ptr, cu_ptr, num_tokens, vocab, width)
+        blocks = block_mass_ptr + b.to(tl.int64) * tl.cdiv(vocab, BLOCK_V)
         params = (max_logit, temperature, kth, z1, p_min, z2)
-        token = draw_token(block_mass_ptr + b.to(tl.int64) * tl.cdiv(vocab, BLOCK_V), row_ptr, q_row_ptr, True, -1,
-                           tl.load(seeds_ptr + b), tl.load(sample_int + 1), vocab, *params, True, HAS_TOP_P, BLOCK_V,
-                           BLOCK_B)
-        tl.store(out_ptr + b.to(tl.int64) * width + step, token)
-        if RETURN_LOGPROBS:
-            t = token + tl.arange(0, 1)
-            p_t = probs(load_logits(row_ptr, t, t < vocab), *params)
-            tl.store(logprobs_ptr + b.to(tl.int64) * width + step, tl.sum(log_prob(p_t), axis=0))
+        inverse = exact_inverse(temperature)
+        v_begin = split * split_len
+        offset = 0
+        while offset < split_len:
+            v = v_begin + offset + tl.arange(0, BLOCK_V)
+            in_row = v < vocab
+            z = load_logits(row_ptr, v, in_row)
+            q = tl.load(q_row_ptr + v, mask=in_row, other=0.0, eviction_policy="evict_first")  # read once
+            if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
+                m = _masses(z, q, v, -1, vocab, max_logit, inverse, kth, z1, p_min, z2, True, True, HAS_TOP_P)
+            else:
+                m = _masses(z, q, v, -1, vocab, *params, True, False, HAS_TOP_P)
+            tl.store(blocks + (v_begin + offset) // BLOCK_V, tl.sum(m, axis=0), mask=v_begin + offset < vocab)
+            offset += BLOCK_V
+        # The barrier orders every thread's stores before the arrival (one thread's atomic);
+        # its release publishes them at GPU scope, and the last arrival's acquire makes every
+        # program's visible to the draw.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(1) - 1:
+            token = draw_token(blocks, row_ptr, q_row_ptr, True, -1, tl.load(seeds_ptr + b), tl.load(sample_int + 1),
+                               vocab, *params, True, HAS_TOP_P, BLOCK_V, BLOCK_B)
+            tl.store(out_ptr + b.to(tl.int64) * width + step, token)
+            if RETURN_LOGPROBS:
+                t = token + tl.arange(0, 1)
+                p_t = probs(load_logits(row_ptr, t, t < vocab), *params)
+                tl.store(logprobs_ptr + b.to(tl.int64) * width + step, tl.sum(log_prob(p_t), axis=0))
