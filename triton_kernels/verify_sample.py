@@ -138,7 +138,7 @@ def residual_sample_kernel(
             v = v_begin + offset + tl.arange(0, BLOCK_V)
             in_row = v < vocab
             z = load_logits(row_ptr, v, in_row)
-            q = tl.load(q_row_ptr + v, mask=in_row, other=0.0, eviction_policy="evict_first")  # read once
+            q = tl.load(q_row_ptr + v, mask=in_row, other=0.0)
             if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
                 m = _masses(z, q, v, -1, vocab, max_logit, inverse, kth, z1, p_min, z2, True, True, HAS_TOP_P)
             else:
