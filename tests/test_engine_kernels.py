@@ -80,7 +80,8 @@ for dtype in ('bf16', 'fp16', 'fp32'):
     compile_for_sm90(rope_cache_kernel, {'q_ptr': '*' + dtype, 'key_cache_ptr': '*' + dtype,
                      'value_cache_ptr': '*' + dtype, 'qkv_ptr': '*' + dtype, 'cos_ptr': '*fp32', 'sin_ptr': '*fp32',
                      'slot_mapping_ptr': '*i64'},
-                     {'NUM_HEADS': 32, 'NUM_KV_HEADS': 8, 'HEAD_DIM': 64, 'BLOCK_HQ': 32, 'BLOCK_HKV': 8, 'BLOCK_HALF': 32})
+                     {'NUM_HEADS': 32, 'NUM_KV_HEADS': 8, 'HEAD_DIM': 64, 'BLOCK_HQ': 32, 'BLOCK_HKV': 8,
+                      'BLOCK_HALF': 32})
 print('compiled')
 """
 
