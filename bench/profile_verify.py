@@ -54,6 +54,7 @@ def main() -> None:
         assert isinstance(getattr(triton_verify, name), int), f"{name} is not a launch constant"
         setattr(triton_verify, name, int(value))
     device = torch.device("cuda")
+    torch.manual_seed(0)  # the same inputs in every process: A/B runs compare like with like
     for shape in args.shapes.split(","):
         B, k, V, mode = shape.split(":")
         x = make_inputs(int(B), int(k), int(V), mode, device, for_flashinfer=False)

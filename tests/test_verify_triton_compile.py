@@ -37,8 +37,8 @@ CASES = [
     ("screen, all greedy", verify_screen.screen_kernel, {"ALL_GREEDY": True, "RETURN_LOGPROBS": False}, True),
     ("top-k search", verify_rows.threshold_search_kernel, {"MODE": 0, "BLOCK_V": 256}, False),
     ("top-p search", verify_rows.threshold_search_kernel, {"MODE": 1, "BLOCK_V": 256}, False),
-    ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "KEEP_IN_L2": True, "BLOCK_V": 2048}, False),
-    ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "KEEP_IN_L2": False, "BLOCK_V": 2048}, False),
+    ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048}, False),
+    ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
     ("decide", verify_decide.decide_kernel, {}, False),
     ("residual sample", verify_sample.residual_sample_kernel, {}, False),
     ("residual sample, no logprobs", verify_sample.residual_sample_kernel, {"RETURN_LOGPROBS": False}, False),
@@ -77,8 +77,6 @@ def test_compiles_for_sm90_with_exact_arithmetic(name, fn, constexprs, approxima
     assert not re.search(r"\bfma\.rn\.f32", ptx), f"{name}: a contracted multiply-add"
     if not approximate:
         assert not re.search(r"div\.(full|approx)\.f32", ptx), f"{name}: an approximate division"
-    if name == "fixed sum":  # the marked rows stay in L2 for the decisions (verify.KEEP_SAMPLED_ROWS)
-        assert "createpolicy.fractional.L2::evict_last" in ptx
     if name in ("decide", "decide, no draft probs", "fixed sum", "residual sample"):
         assert re.search(r"div\.rn\.f32", ptx), f"{name}: its exact steps must divide with div.rn"
 

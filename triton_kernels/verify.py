@@ -62,10 +62,6 @@ RESIDUAL_RESIDENT = 4
 REGISTERS_PER_SM = 65536
 RESIDUAL_MAX_REGISTERS = REGISTERS_PER_SM // (RESIDUAL_RESIDENT * RESIDUAL_WARPS * 32)
 NUM_WARPS = 8
-# 1: when only the marked rows (about one a request) get the exact normaliser, its loads are
-# marked evict_last: the decisions then read a block of such a row (the draw, the exact
-# tests) from L2. H100, B = 64 random: decide_kernel 7.6 -> 3.5 µs.
-KEEP_SAMPLED_ROWS = 1
 SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
 PROGRAMS_PER_SM = 4
@@ -187,18 +183,15 @@ def verify(
         return out, num_accepted, logprobs
     sums = (need, part_max, part_arg, *top_k_search, *top_p_search)
     sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits)
-    keep = bool(KEEP_SAMPLED_ROWS) and not exact_everywhere
     fixed_sum_kernel[(num_slots, sum_splits)](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes,
-                                              SECOND=False, KEEP_IN_L2=keep, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS,
-                                              **flags, **exact)
+                                              SECOND=False, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
     if has_top_p:
         for search_round in range(rounds):
             threshold_search_kernel[grid](*top_p_search, part_max, part_arg, *top_k_search, part_sum, *rows,
                                           *params, num_tokens, vocab, width, split_len, search_round,
                                           MODE=TOP_P_MODE, BLOCK_V=search_block_v, **flags, **exact)
         fixed_sum_kernel[(num_slots, sum_splits)](part_sum2, block_sum, *sums, part_sum, *rows, *params, *sum_sizes,
-                                                  SECOND=True, KEEP_IN_L2=False, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS,
-                                                  **flags, **exact)
+                                                  SECOND=True, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
 
     sample_float = empty(batch, SAMPLE_FLOATS.value, dtype=torch.float32)
     sample_int = empty(batch, SAMPLE_INTS.value, dtype=torch.int64)

@@ -102,13 +102,7 @@ def log_prob(p):
 @triton.jit
 def load_logits(row_ptr, v, mask):
     """float32 logits, NaN and +-inf as -inf (probability 0); -inf where masked."""
-    return finite_logits(tl.load(row_ptr + v, mask=mask, other=float("-inf")))
-
-
-@triton.jit
-def finite_logits(z):
-    """Loaded logits as float32, NaN and +-inf as -inf (probability 0)."""
-    z = z.to(tl.float32)
+    z = tl.load(row_ptr + v, mask=mask, other=float("-inf")).to(tl.float32)
     return tl.where(tl.abs(z) < float("inf"), z, float("-inf"))  # NaN compares false too
 
 

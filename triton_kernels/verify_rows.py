@@ -28,7 +28,6 @@ from .verify_math import (
     MASS_SCALE,
     TOP_P_SCALE,
     from_order_key,
-    finite_logits,
     load_logits,
     order_key,
     processed_weights,
@@ -352,7 +351,6 @@ def fixed_sum_kernel(
     SECOND: tl.constexpr,
     HAS_TOP_K: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
-    KEEP_IN_L2: tl.constexpr,  # loads marked evict_last (verify.py: KEEP_SAMPLED_ROWS)
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
@@ -385,11 +383,9 @@ def fixed_sum_kernel(
         split_range = (row_ptr, blocks, split * split_len, split_len, vocab)
         inverse = exact_inverse(temperature)
         if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
-            total = _split_fixed_sum(*split_range, max_logit, inverse, kth, z1, p_min, True, SECOND, KEEP_IN_L2,
-                                     BLOCK_V)
+            total = _split_fixed_sum(*split_range, max_logit, inverse, kth, z1, p_min, True, SECOND, BLOCK_V)
         else:
-            total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, False, SECOND,
-                                     KEEP_IN_L2, BLOCK_V)
+            total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, False, SECOND, BLOCK_V)
         tl.store(part_sum_ptr + slot.to(tl.int64) * num_splits + split, total)
 
 
@@ -405,19 +401,15 @@ def exact_inverse(temperature):
 
 @triton.jit
 def _split_fixed_sum(row_ptr, blocks_ptr, v_begin, split_len, vocab, max_logit, temperature, kth, z1, p_min,
-                     MULTIPLY: tl.constexpr, SECOND: tl.constexpr, KEEP_IN_L2: tl.constexpr, BLOCK_V: tl.constexpr):
+                     MULTIPLY: tl.constexpr, SECOND: tl.constexpr, BLOCK_V: tl.constexpr):
     """sum floor(w_v 2^40) over [v_begin, v_begin + split_len) (int64, exact); each block's
     own sum to ``blocks_ptr`` (the masses verify_sample.py draws from).
-    MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse). KEEP_IN_L2: the
-    row's loads marked evict_last."""
+    MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse)."""
     total = tl.zeros([], tl.int64)
     offset = 0
     while offset < split_len:
         v = v_begin + offset + tl.arange(0, BLOCK_V)
-        if KEEP_IN_L2:  # the decisions' draw reads one block of the row again
-            z = finite_logits(tl.load(row_ptr + v, mask=v < vocab, other=float("-inf"), eviction_policy="evict_last"))
-        else:
-            z = load_logits(row_ptr, v, v < vocab)
+        z = load_logits(row_ptr, v, v < vocab)
         w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, SECOND)
         block = tl.sum(tl.floor(tl.where(v < vocab, w, 0.0) * FIXED_SCALE).to(tl.int64), axis=0)
         tl.store(blocks_ptr + (v_begin + offset) // BLOCK_V, block, mask=v_begin + offset < vocab)
