@@ -144,6 +144,9 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     e2e = [r for r in rows if r["bench"] == "e2e" and "tokens_per_s" in r]
+    if not e2e:  # a scoring-only run (--no-e2e)
+        plot_score(rows, path)
+        return
     panels = sorted({(r["model"], r["B"]) for r in e2e})
     fig, axes = plt.subplots(len(panels), 1, figsize=(12, 3.2 * len(panels)), squeeze=False)
     for ax, (model, batch) in zip(axes[:, 0], panels):
@@ -161,6 +164,24 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_ylabel("tokens/s")
         ax.set_title(f"{model}, B={batch} (blue: paged verify, orange: batch expansion; label: acceptance)",
                      fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+
+
+def plot_score(rows: list[dict], path: Path) -> None:
+    """The scoring-step rows: paged verify against batch expansion per (model, B, k, L)."""
+    import matplotlib.pyplot as plt
+
+    score = [r for r in rows if r["bench"] == "score" and "us" in r]
+    shapes = sorted({(r["model"], r["B"], r["k"], r["L"]) for r in score})
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(shapes)), 3.5))
+    for offset, scorer, color in ((-0.2, "paged-verify", "tab:blue"), (0.2, "batch-expansion", "tab:orange")):
+        us = [next((r["us"] for r in score if (r["model"], r["B"], r["k"], r["L"]) == s and r["scorer"] == scorer),
+                   0.0) for s in shapes]
+        ax.bar([i + offset for i in range(len(shapes))], us, width=0.4, color=color, label=scorer)
+    ax.set_xticks(range(len(shapes)), [f"{m}\nB={b} k={k}\nL={L}" for m, b, k, L in shapes], fontsize=7)
+    ax.set_ylabel("scoring step, µs (graph replay)")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
 
