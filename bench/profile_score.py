@@ -9,13 +9,13 @@ step's time goes (bench/NOTES.md quotes these splits).
 from __future__ import annotations
 
 import argparse
-import collections
 
 import torch
 
 import common
 import specops.engine.model as model_module
 from bench_e2e import BLOCK_SIZE, LLAMA_1B
+from profile_verify import call_kernel_times
 from specops import ops
 from specops.engine.checkpoint import random_model
 from specops.engine.kv_cache import SequenceChunk, build_attention_batch
@@ -36,23 +36,6 @@ def compiled_steps() -> model_module.ElementwiseSteps:
     return model_module.ElementwiseSteps(
         model_module._compile_step(model_module.rms_norm), model_module._compile_step(model_module.add_rms_norm),
         rope_cache, model_module._compile_step(model_module.silu_mul))
-
-
-def kernel_times(fn, calls: int) -> dict[str, float]:
-    """Mean µs per call of each kernel over ``calls`` calls of ``fn`` (the runner replays
-    its own graph: the input copies and the forward's kernels)."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    totals = collections.defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name] += event.device_time / calls
-    return dict(totals)
 
 
 def main() -> None:
@@ -85,7 +68,7 @@ def main() -> None:
         fn = lambda a=attn: runner(a, use_graph=True)  # noqa: E731
         fn()
         us = common.time_us(fn, device)
-        times = kernel_times(fn, args.replays)
+        times = call_kernel_times(fn, args.replays, warmup=10)  # the runner replays its own graph
         print(f"{kind.value} B={batch} k={k} L={context} ({args.steps} steps): graph replay {us:.1f} us, "
               f"kernels {sum(times.values()):.1f} us in {len(times)} kernel names")
         for name, kernel_us in sorted(times.items(), key=lambda item: -item[1])[:args.top]:

@@ -27,17 +27,22 @@ def kernel_times(fn, replays: int) -> dict[str, float]:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    for _ in range(20):
-        graph.replay()
+    return call_kernel_times(graph.replay, replays)
+
+
+def call_kernel_times(call, calls: int, warmup: int = 20) -> dict[str, float]:
+    """Mean µs per call of each kernel over ``calls`` calls of ``call``, after ``warmup``."""
+    for _ in range(warmup):
+        call()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
+        for _ in range(calls):
+            call()
         torch.cuda.synchronize()
     totals = collections.defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name] += event.device_time / replays
+            totals[event.name] += event.device_time / calls
     return dict(totals)
 
 
