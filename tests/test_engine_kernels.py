@@ -12,7 +12,7 @@ import torch
 from conftest import HAS_CUDA
 
 from specops import ops
-from specops.engine.model import rope_qkv
+from specops.engine.model import fast_steps, rope_qkv
 
 pytest.importorskip("triton")
 from specops.triton_kernels.rope_cache import rope_cache  # noqa: E402
@@ -50,6 +50,22 @@ def test_rope_cache_equals_eager_steps(device, dtype, n, hq, hkv, d):
     assert torch.equal(q, q_ref)
     assert torch.equal(key_cache, key_ref) and torch.equal(value_cache, value_ref)
     assert not torch.equal(key_ref, key_cache.clone().zero_())  # the comparison sees data
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fast_step_checks_slot_values_when_validating(device):
+    """The engine's fast step (specops/engine/model.py) checks the slots as reshape_and_cache
+    does when asked; the kernel alone skips a bad slot."""
+    qkv, cos, sin, key_cache, value_cache, slots = rope_inputs(4, 4, 2, 16, 3, 4, torch.float32, device, seed=2)
+    slots[1] = key_cache.shape[0] * key_cache.shape[1]  # one past the last slot
+    step = fast_steps().rope_cache
+    with pytest.raises(ValueError, match="slot_mapping"):
+        step(qkv, cos, sin, 4, 2, key_cache, value_cache, slots, True)
+    key_ref, value_ref = key_cache.clone(), value_cache.clone()
+    _, k_ref, v_ref = rope_qkv(qkv, cos, sin, 4, 2)
+    ops.reshape_and_cache(k_ref, v_ref, key_ref, value_ref, torch.where(slots == slots[1], -1, slots))
+    step(qkv, cos, sin, 4, 2, key_cache, value_cache, slots, False)  # the bad slot skipped, the others written
+    assert torch.equal(key_cache, key_ref) and torch.equal(value_cache, value_ref)
 
 
 @pytest.mark.parametrize("device", DEVICES)

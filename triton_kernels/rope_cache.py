@@ -13,15 +13,26 @@ import torch
 import triton
 import triton.language as tl
 
-from .rounding import round_to
+
+@triton.jit
+def _round_to(x, DTYPE: tl.constexpr):
+    """float32 ``x`` rounded to nearest (ties to even) in DTYPE, returned as float32 (finite
+    x). By hand for bfloat16: the interpreter's float32 -> bfloat16 cast truncates where the
+    GPU's rounds to nearest even."""
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(DTYPE).to(tl.float32)
 
 
 @triton.jit
 def _rotate_half(x1, x2, c1, c2, s1, s2, DTYPE: tl.constexpr):
     """Both halves of x * cos + rotate(x) * sin, rotate(x) = (-x2, x1), each product and
     the sum rounded to DTYPE as the eager ops are (float32 in, float32 out)."""
-    out1 = round_to(round_to(x1 * c1, DTYPE) + round_to(-x2 * s1, DTYPE), DTYPE)
-    out2 = round_to(round_to(x2 * c2, DTYPE) + round_to(x1 * s2, DTYPE), DTYPE)
+    out1 = _round_to(_round_to(x1 * c1, DTYPE) + _round_to(-x2 * s1, DTYPE), DTYPE)
+    out2 = _round_to(_round_to(x2 * c2, DTYPE) + _round_to(x1 * s2, DTYPE), DTYPE)
     return out1.to(DTYPE), out2.to(DTYPE)  # exact: already DTYPE values
 
 
@@ -53,10 +64,10 @@ def rope_cache_kernel(
     d_ok = d < HALF
     cos_row, sin_row = cos_ptr + i * HEAD_DIM, sin_ptr + i * HEAD_DIM
     # cos and sin in qkv's dtype first, as the eager formula casts them.
-    c1 = round_to(tl.load(cos_row + d, mask=d_ok), DTYPE)[None, :]
-    c2 = round_to(tl.load(cos_row + HALF + d, mask=d_ok), DTYPE)[None, :]
-    s1 = round_to(tl.load(sin_row + d, mask=d_ok), DTYPE)[None, :]
-    s2 = round_to(tl.load(sin_row + HALF + d, mask=d_ok), DTYPE)[None, :]
+    c1 = _round_to(tl.load(cos_row + d, mask=d_ok), DTYPE)[None, :]
+    c2 = _round_to(tl.load(cos_row + HALF + d, mask=d_ok), DTYPE)[None, :]
+    s1 = _round_to(tl.load(sin_row + d, mask=d_ok), DTYPE)[None, :]
+    s2 = _round_to(tl.load(sin_row + HALF + d, mask=d_ok), DTYPE)[None, :]
     row = qkv_ptr + i * qkv_stride
     if tl.program_id(1) == 0:  # the q heads
         hq = tl.arange(0, BLOCK_HQ)[:, None]
