@@ -10,6 +10,7 @@ namespace specops {
 
 constexpr uint32_t kPurposeAccept = 0;  // the uniform of a draft's acceptance test
 constexpr uint32_t kPurposeSample = 1;  // the 64-bit draw that samples a token at a position
+constexpr uint32_t kPurposePropose = 2;  // proposals of a residual draw: block t holds proposal t
 
 struct PhiloxWords {
   uint32_t w[4];

@@ -94,6 +94,33 @@ void processed(const std::vector<float>& z, float temperature, int64_t top_k, fl
 
 float log_prob(float p) { return repro::log(std::max(p, FLT_MIN)); }
 
+constexpr uint32_t kResidualProposals = 16;  // reference/verify.py RESIDUAL_PROPOSALS
+
+// floor(X m / 2^64) for the 64-bit X = lo + hi 2^32 and 0 <= m: uniform on [0, m).
+int64_t draw_below(uint32_t lo, uint32_t hi, int64_t m) {
+  const uint64_t x = static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
+  return static_cast<int64_t>((static_cast<unsigned __int128>(x) * static_cast<uint64_t>(m)) >> 64);
+}
+
+// The first accepted proposal of a residual draw (reference/verify.py, propose_residual):
+// proposal t draws x_t by inversion from the normaliser's masses with words 0 and 1 of
+// the position's proposal block t, and keeps it when floor(Y W_x / 2^64) < R_x (Y: words
+// 2 and 3). -1 when none is kept or the masses sum to 0.
+int64_t propose_residual(const std::vector<int64_t>& weights, const std::vector<int64_t>& residual, int64_t seed,
+                         int64_t position) {
+  std::vector<int64_t> cumulative(weights.size());
+  int64_t total = 0;
+  for (size_t v = 0; v < weights.size(); ++v) cumulative[v] = total += weights[v];
+  if (total == 0) return -1;
+  for (uint32_t t = 0; t < kResidualProposals; ++t) {
+    const PhiloxWords words = philox_block(seed, position, kPurposePropose, t);
+    const int64_t u = draw_below(words.w[0], words.w[1], total);
+    const int64_t token = std::upper_bound(cumulative.begin(), cumulative.end(), u) - cumulative.begin();
+    if (draw_below(words.w[2], words.w[3], weights[token]) < residual[token]) return token;
+  }
+  return -1;
+}
+
 // The token drawn by inversion from integer masses at (seed, position): U = floor(X M / 2^64)
 // with X the position's 64-bit sample draw, the v with C_v <= U < C_v + m_v (0 when M = 0).
 int64_t sample_masses(const std::vector<int64_t>& masses, int64_t seed, int64_t position) {
@@ -101,8 +128,7 @@ int64_t sample_masses(const std::vector<int64_t>& masses, int64_t seed, int64_t 
   for (int64_t m : masses) total += m;
   if (total == 0) return 0;
   const PhiloxWords words = philox_block(seed, position, kPurposeSample, 0);
-  const uint64_t x = static_cast<uint64_t>(words.w[0]) | (static_cast<uint64_t>(words.w[1]) << 32);
-  const int64_t u = static_cast<int64_t>((static_cast<unsigned __int128>(x) * static_cast<uint64_t>(total)) >> 64);
+  const int64_t u = draw_below(words.w[0], words.w[1], total);
   int64_t cumulative = 0;
   for (size_t v = 0; v < masses.size(); ++v) {
     cumulative += masses[v];
@@ -133,7 +159,7 @@ void verify_request(const scalar_t* target, const scalar_t* bonus_row, TokenIds 
                     DraftRange r, int64_t vocab, const RequestParams& params, int32_t* out,
                     int32_t* num_accepted, float* logprobs) {
   std::vector<float> z(vocab), w(vocab), p(vocab);
-  std::vector<int64_t> masses(vocab);
+  std::vector<int64_t> masses(vocab), weight_masses(draft_probs != nullptr ? vocab : 0);
   const bool greedy = params.temperature == 0.0f;
   for (int64_t i = 0; i <= r.count; ++i) {
     const bool is_bonus = i == r.count;
@@ -175,7 +201,12 @@ void verify_request(const scalar_t* target, const scalar_t* bonus_row, TokenIds 
     for (int64_t v = 0; v < vocab; ++v) {
       masses[v] = q != nullptr ? fixed_mass(std::max(w[v] - q[v] * z, 0.0f)) : (v == x ? 0 : fixed_mass(w[v]));
     }
-    const int64_t token = sample_masses(masses, params.seed, position);
+    int64_t token = -1;
+    if (q != nullptr) {  // proposals from the normaliser's masses first
+      for (int64_t v = 0; v < vocab; ++v) weight_masses[v] = fixed_mass(w[v]);
+      token = propose_residual(weight_masses, masses, params.seed, position);
+    }
+    if (token < 0) token = sample_masses(masses, params.seed, position);
     out[i] = static_cast<int32_t>(token);
     if (logprobs != nullptr) logprobs[i] = log_prob(p[token]);
     *num_accepted = static_cast<int32_t>(i);

@@ -13,10 +13,19 @@
 //    memory; then, from shared memory alone: the top-k threshold (a 32-step bisection
 //    over the float order, only when asked), the weights and their fixed-point sum, the
 //    top-p cut (a 31-step bisection over the probabilities' bits, only when asked) and the
-//    final normaliser, and p of the slot's draft token. Every row is read from DRAM once.
+//    final normaliser, and p of the slot's draft token. On draft rows of random requests
+//    with draft probs, also the block masses: sum floor(w_v 2^40) over blocks of 256
+//    entries of each CTA's slice (from the slice's start, the last one shorter), 8 bytes
+//    per block. Every row is read from DRAM once.
 // 2. Decision and sampling. Grid: B clusters. Each CTA walks its request's acceptance
 //    tests (Philox uniforms against the stored p of the drafts), so every CTA knows the
-//    first rejected row (or the bonus row). Random requests then sample that one row by
+//    first rejected row (or the bonus row). At a rejection with draft probs, every CTA
+//    first tries the 16 residual proposals alike (so all take the same branch): a scan of
+//    the row's block masses gives M_W and, by search, the block of each proposal's U;
+//    one warp per proposal recomputes that block's masses from the logits, finds x_t by
+//    an ordered prefix and tests it against the residual mass at x_t (each passes with
+//    probability M_R / M_W, the residual's total). The first accepted one is the token.
+//    When none is, and on other rows, random requests sample the row by
 //    inversion from integer masses m_v = floor(x_v 2^40), recomputed from the stored
 //    statistics: x = w, the processed weights (the normaliser's own terms), on the bonus
 //    row and, without the rejected draft, at an n-gram rejection; x = max(w - q z2, 0) at
@@ -26,7 +35,8 @@
 //    Philox draw of the position) falls in one warp's part, which its CTA rereads from L2
 //    in one ordered scan (C_v <= U < C_v + m_v) to find the token, and writes the
 //    request's output row. Moves the chosen row (and its draft-probs row) once per random
-//    request, plus an eighth of one CTA's slice again.
+//    request, plus an eighth of one CTA's slice again; an accepted proposal moves instead
+//    the row's block masses and 16 blocks of 256 logits per CTA.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -62,6 +72,15 @@ constexpr int kMaxCluster = 16;
 constexpr int kUnroll = 8;  // groups of 4 logits loaded per thread before use
 constexpr int kSampleUnroll = 4;  // the same in pass 2's mass sums, which also load draft probs
 constexpr int64_t kMaxSliceBytes = 96 * 1024;  // shared-memory slice of a row per CTA
+constexpr int64_t kMassBlock = 256;  // entries per block of pass 1's block masses (header, 1)
+constexpr int kProposals = 16;       // RESIDUAL_PROPOSALS of reference/verify.py
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// The blocks of block masses: each CTA's slice cut into kMassBlock-entry blocks from its
+// start (the last one shorter), so that a block never spans two CTAs whatever the slice.
+__host__ __device__ __forceinline__ int64_t blocks_per_slice(int64_t slice) {
+  return (slice + kMassBlock - 1) / kMassBlock;
+}
 
 // ---------------------------------------------------------------------------------------
 // Pass 1: row statistics. Grid: persistent clusters of C CTAs x kThreads (as many as fit
@@ -80,12 +99,29 @@ __device__ const scalar_t* slot_row(const scalar_t* target, const scalar_t* bonu
   return i < r.count ? target + (r.start + i) * vocab : bonus + b * vocab;
 }
 
+// The fixed-point masses floor(w 2^40) of the blocks of this CTA's slice [lo, lo + n) of
+// a draft row: block k at sums[k], 0 for blocks past the row's end. `weights`: the final
+// weights in shared memory, null for a row with no finite logit (w = 1 at token 0 alone).
+// One warp per block, its lanes striding through it.
+__device__ void store_block_masses(int64_t* sums, const float* weights, int64_t lo, int64_t n, int64_t blocks) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t k = warp; k < blocks; k += kWarps) {
+    const int64_t end = min((k + 1) * kMassBlock, n);
+    int64_t sum = 0;
+    for (int64_t j = k * kMassBlock + lane; j < end; j += 32) {
+      sum += fixed_point(weights != nullptr ? weights[j] : (lo + j == 0 ? 1.f : 0.f), kFixedScale);
+    }
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+    if (lane == 0) sums[k] = sum;
+  }
+}
+
 template <typename scalar_t>
 __device__ void row_stats_slot(
     cg::cluster_group& cluster, ClusterReducer<kWarps>& reducer, float* row_slice, const scalar_t* target,
     const scalar_t* bonus, TokenIds draft, const int32_t* cu, const float* temperature, const int32_t* top_k,
-    const float* top_p, RowStats* stats, int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice,
-    bool greedy_needs_probs, int64_t slot, int64_t next_slot) {
+    const float* top_p, RowStats* stats, int64_t* block_masses, int64_t num_tokens, int64_t vocab, int64_t width,
+    int64_t slice, bool greedy_needs_probs, int64_t slot, int64_t next_slot) {
   const int64_t rank = cluster.block_rank();
   const int64_t b = slot / width, i = slot % width;
   const DraftRange r = draft_range(cu, b, num_tokens, width - 1);
@@ -125,11 +161,20 @@ __device__ void row_stats_slot(
   const bool drafted = i < r.count;
   const int64_t token = sp.greedy ? argmax : (drafted ? draft[r.start + i] : -1);
   RowStats* out = stats + slot;
+  // A draft row of a random request may be rejected with draft probs: pass 2's proposals
+  // then need the block masses of its weights.
+  // Keyed by slot, not token row: slots are unique even when cu_num_draft_tokens is not.
+  const bool needs_block_masses = block_masses != nullptr && drafted && !sp.greedy;
+  auto store_masses = [&](const float* weights) {
+    const int64_t blocks = blocks_per_slice(slice);
+    store_block_masses(block_masses + (slot * cluster.num_blocks() + rank) * blocks, weights, lo, n, blocks);
+  };
   if ((sp.greedy && !greedy_needs_probs) || max_logit == -INFINITY) {
     if (rank == 0 && threadIdx.x == 0) {
       *out = RowStats{max_logit, static_cast<int32_t>(argmax), -INFINITY, 1.f, 0, 1.f,
                       token == 0 ? 1.f : 0.f, 0};  // no finite logit: all mass on token 0
     }
+    if (needs_block_masses) store_masses(nullptr);
     return;
   }
 
@@ -198,6 +243,8 @@ __device__ void row_stats_slot(
   // The CTA whose slice holds the token stores its probability (row_slice holds the final
   // weights; a draft id outside the vocab is never read and rejects in pass 2).
   if (threadIdx.x == 0 && token >= lo && token < hi) out->p_token = repro::div(row_slice[token - lo], z2);
+  // Every thread's final weight is in shared memory: the last cluster sum synchronised.
+  if (needs_block_masses) store_masses(row_slice);
 }
 
 template <typename scalar_t>
@@ -210,6 +257,7 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
     const int32_t* __restrict__ top_k,        // [B] or null
     const float* __restrict__ top_p,          // [B] or null
     RowStats* __restrict__ stats,             // [B, width]
+    int64_t* __restrict__ block_masses,       // [B * width, C * ceil(slice / 256)] or null (n-gram)
     int64_t num_slots, int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice, bool greedy_needs_probs) {
   extern __shared__ float row_slice[];  // [slice]: logits, then weights
   __shared__ Slot warp_slots[kWarps], exchange[2], result;
@@ -220,7 +268,7 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
     __syncthreads();  // every thread is done with the previous slot's slice
     const int64_t next_slot = slot + num_clusters < num_slots ? slot + num_clusters : -1;
     row_stats_slot(cluster, reducer, row_slice, target, bonus, draft, cu, temperature, top_k, top_p, stats,
-                   num_tokens, vocab, width, slice, greedy_needs_probs, slot, next_slot);
+                   block_masses, num_tokens, vocab, width, slice, greedy_needs_probs, slot, next_slot);
   }
   cluster.sync();  // peers may still read this CTA's exchange slots
 }
@@ -229,8 +277,6 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
 // Pass 2: decisions and the sampled token. Grid: B clusters of C CTAs x kThreads. Moves a
 // few bytes per draft, plus per random request its chosen logits row (and draft-probs row)
 // once and, from L2, an eighth of one CTA's slice of them again.
-
-constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 // Inclusive prefix sum over the lanes of a warp.
 __device__ __forceinline__ int64_t warp_inclusive_sum(int64_t x) {
@@ -364,6 +410,117 @@ __device__ int64_t scan_for_token(const SampledRow<scalar_t>& masses, int64_t be
   return token;
 }
 
+// Shared state of the residual proposals (header, 2).
+struct Proposals {
+  uint64_t x[kProposals];       // the 64-bit draw that picks proposal t
+  uint64_t y[kProposals];       // the 64-bit draw of its acceptance test
+  int64_t offset[kProposals];   // U_t - (the normaliser's masses below its block)
+  int32_t block[kProposals];    // the block holding U_t
+  int32_t token[kProposals];    // proposal t when accepted, -1 otherwise
+  float z[kProposals];          // its sanitised logit
+  int64_t warp_totals[kWarps];  // the block masses' scan
+};
+
+// The first accepted proposal of the residual draw at a rejection with draft probs (the
+// reference's propose_residual): proposal t draws x_t by inversion from the normaliser's
+// masses W_v = floor(w_v 2^40), with U_t = floor(X_t M_W / 2^64) located first among pass
+// 1's block masses, then within its block by an ordered prefix of W recomputed from the
+// logits (the same terms pass 1 summed); x_t is accepted when floor(Y_t W_x / 2^64) < R_x,
+// R the residual masses. A warp per proposal (kProposals / kWarps each). Every CTA of the
+// cluster computes the same answer from the same data, so all take the same branch after
+// it. Returns the token in every thread, and its logit in token_z; -1 when none is
+// accepted (or M_W = 0).
+template <typename scalar_t>
+__device__ int64_t propose_residual(const SampledRow<scalar_t>& masses,
+                                    const int64_t* block_masses,  // [num_blocks] of the row
+                                    int64_t num_blocks, int64_t blocks, int64_t slice, int64_t vocab, int64_t seed,
+                                    int64_t position, Proposals& s, float* token_z) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x < kProposals) {
+    const PhiloxWords draw = philox_block(seed, position, kPurposePropose, threadIdx.x);
+    s.x[threadIdx.x] = draw.w[0] | (uint64_t{draw.w[1]} << 32);
+    s.y[threadIdx.x] = draw.w[2] | (uint64_t{draw.w[3]} << 32);
+    s.block[threadIdx.x] = 0;  // stays so only for invalid (negative) masses: in bounds
+    s.offset[threadIdx.x] = 0;
+  }
+  // Each thread takes a contiguous run of blocks (at most 6: V <= 16 slices of 24576).
+  const int64_t run = (num_blocks + kThreads - 1) / kThreads;
+  const int64_t first = min(threadIdx.x * run, num_blocks), last = min(first + run, num_blocks);
+  int64_t sum = 0;
+  for (int64_t g = first; g < last; ++g) sum += block_masses[g];
+  int64_t inclusive = warp_inclusive_sum(sum);
+  if (lane == 31) s.warp_totals[warp] = inclusive;
+  __syncthreads();
+  int64_t total = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) inclusive += s.warp_totals[w];
+    total += s.warp_totals[w];
+  }
+  if (total == 0) return -1;  // no proposal: the same in every thread and CTA
+  // The thread whose run holds U_t finds its block: the runs partition [0, M_W).
+  for (int t = 0; t < kProposals; ++t) {
+    const int64_t u = static_cast<int64_t>(__umul64hi(s.x[t], static_cast<uint64_t>(total)));
+    if (u >= inclusive - sum && u < inclusive) {
+      int64_t below = inclusive - sum, g = first;
+      while (g < last - 1 && u >= below + block_masses[g]) below += block_masses[g++];
+      s.block[t] = static_cast<int32_t>(g);
+      s.offset[t] = u - below;
+    }
+  }
+  __syncthreads();
+  for (int t = warp; t < kProposals; t += kWarps) {
+    // Block g is block g % blocks of CTA g / blocks's slice; lane l takes its entries
+    // [8 l, 8 l + 8) (blocks start on multiples of 8, so groups of 4 stay aligned).
+    const int64_t g = s.block[t], offset = s.offset[t];
+    const int64_t slice_lo = min(g / blocks * slice, vocab), slice_hi = min(slice_lo + slice, vocab);
+    const int64_t begin = min(slice_lo + g % blocks * kMassBlock, slice_hi), end = min(begin + kMassBlock, slice_hi);
+    const int64_t v0 = begin + 8 * lane;
+    float z[8], w[8];
+    int64_t m[8], lane_mass = 0;
+    load4(masses.row, v0, end, masses.vec, z);
+    load4(masses.row, v0 + 4, end, masses.vec, z + 4);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      w[j] = processed_weight(z[j], v0 + j, masses.st, masses.temperature);
+      m[j] = v0 + j < end ? fixed_point(w[j], kFixedScale) : 0;
+      lane_mass += m[j];
+    }
+    const int64_t lane_inclusive = warp_inclusive_sum(lane_mass);
+    if (lane == pick_lane(lane_inclusive, offset, 32)) {
+      // x_t is the entry whose mass holds the offset; none is found (and the proposal is
+      // rejected) only if pass 1's block masses and these terms disagree.
+      int64_t cumulative = lane_inclusive - lane_mass;
+      bool found = false;
+      int32_t token = -1;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (!found && v0 + j < end) {
+          cumulative += m[j];
+          if (cumulative > offset) {
+            found = true;
+            // Signed comparison, as the reference's: a NaN residual (NaN draft prob)
+            // converts to INT64_MIN and rejects.
+            const int64_t residual = fixed_point(residual_weight(w[j], masses.q[v0 + j], masses.st.z2), kFixedScale);
+            if (static_cast<int64_t>(__umul64hi(s.y[t], static_cast<uint64_t>(m[j]))) < residual) {
+              token = static_cast<int32_t>(v0 + j);
+              s.z[t] = z[j];
+            }
+          }
+        }
+      }
+      s.token[t] = token;
+    }
+  }
+  __syncthreads();
+  for (int t = 0; t < kProposals; ++t) {
+    if (s.token[t] >= 0) {
+      *token_z = s.z[t];
+      return s.token[t];
+    }
+  }
+  return -1;
+}
+
 // Where U falls, as warp 0 of each CTA finds it: the total M, and the warp whose part of
 // this CTA's slice holds U (-1 when U lies in another CTA) with U's offset within it.
 struct SampleTarget {
@@ -383,6 +540,7 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
     const int64_t* __restrict__ seeds,        // [B]
     const int64_t* __restrict__ positions,    // [B]
     const RowStats* __restrict__ stats,       // [B, width]
+    const int64_t* __restrict__ block_masses, // [B * width, C * ceil(slice / 256)] or null (n-gram)
     int32_t* __restrict__ out,                // [B, width]
     int32_t* __restrict__ num_accepted,       // [B]
     float* __restrict__ logprobs,             // [B, width] or null
@@ -393,6 +551,7 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
   __shared__ SampleTarget sample;
   __shared__ int64_t scan_totals[kWarps];
   __shared__ int scan_first;
+  __shared__ Proposals proposals;
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t rank = cluster.block_rank();
   const int64_t b = blockIdx.x / cluster.num_blocks();
@@ -454,6 +613,17 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
                                     rejected && q == nullptr ? draft[r.start + chosen] : -1,
                                     row_stats[chosen],
                                     Temperature(t)};
+  if (q != nullptr) {  // first the proposals, which need no pass over the row
+    const int64_t num_blocks = cluster.num_blocks() * blocks_per_slice(slice);
+    float token_z;
+    const int64_t token = propose_residual(masses, block_masses + (b * width + chosen) * num_blocks, num_blocks,
+                                           blocks_per_slice(slice), slice, vocab, seed, position + chosen,
+                                           proposals, &token_z);
+    if (token >= 0) {  // so in every CTA: none reaches the cluster barriers below
+      if (rank == 0 && threadIdx.x == 0) write_row(token, processed_p(token_z, token, masses.st, masses.temperature));
+      return;
+    }
+  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t lo = min(rank * slice, vocab), hi = min(lo + slice, vocab);
   // Each warp sums its contiguous part of the slice, its lanes striding through it.
@@ -533,7 +703,8 @@ template <typename scalar_t>
 void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logits, TokenIds draft,
                    const float* draft_probs, const int32_t* cu, const float* temperature, const int32_t* top_k,
                    const float* top_p, const int64_t* seeds, const int64_t* positions, RowStats* stats,
-                   int32_t* out, int32_t* num_accepted, float* logprobs, const VerifySizes& s, int cluster) {
+                   int64_t* block_masses, int32_t* out, int32_t* num_accepted, float* logprobs, const VerifySizes& s,
+                   int cluster) {
   static std::mutex mutex;
   static uint64_t configured = 0;  // a bit per device: function attributes are per device
   {
@@ -554,11 +725,12 @@ void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logi
   const int64_t clusters = std::min<int64_t>(
       num_slots, resident_clusters(verify_row_stats_kernel<scalar_t>, kThreads, cluster, smem, target_logits.get_device()));
   launch_clusters(verify_row_stats_kernel<scalar_t>, clusters, cluster, kThreads, smem, stream, target, bonus, draft, cu,
-                  temperature, top_k, top_p, stats, num_slots, s.num_tokens, s.vocab, s.width, slice,
+                  temperature, top_k, top_p, stats, block_masses, num_slots, s.num_tokens, s.vocab, s.width, slice,
                   logprobs != nullptr);
   launch_clusters(verify_decide_kernel<scalar_t>, s.batch, cluster, kThreads, 0, stream, target, bonus, draft,
-                  draft_probs, cu, temperature, seeds, positions, static_cast<const RowStats*>(stats), out,
-                  num_accepted, logprobs, s.num_tokens, s.vocab, s.width, slice);
+                  draft_probs, cu, temperature, seeds, positions, static_cast<const RowStats*>(stats),
+                  static_cast<const int64_t*>(block_masses), out, num_accepted, logprobs, s.num_tokens, s.vocab,
+                  s.width, slice);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
@@ -593,6 +765,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
   if (s.batch == 0) return {out, num_accepted, logprobs};
   at::Tensor stats = at::empty({s.batch * s.width * static_cast<int64_t>(sizeof(RowStats))},
                                target_logits.options().dtype(at::kByte));
+  // Pass 1's block masses of every draft slot of a random request, for the residual
+  // proposals (with draft probs only); pass 1 writes every entry pass 2 may read.
+  const int64_t mass_blocks = cluster * blocks_per_slice(slice_for(s.vocab, cluster));
+  at::Tensor block_masses = at::empty({draft_probs.has_value() ? s.batch * s.width : 0, mass_blocks},
+                                      target_logits.options().dtype(at::kLong));
   const TokenIds draft{draft_token_ids.data_ptr(), draft_token_ids.scalar_type() == at::kLong};
   const auto launch = [&](auto tag) {  // the kernels read 16-bit storage as CUDA's own types
     using scalar_t = decltype(tag);
@@ -601,7 +778,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
         cu_num_draft_tokens.data_ptr<int32_t>(), temperature.data_ptr<float>(),
         top_k.has_value() ? top_k->data_ptr<int32_t>() : nullptr,
         top_p.has_value() ? top_p->data_ptr<float>() : nullptr, seeds.data_ptr<int64_t>(),
-        positions.data_ptr<int64_t>(), reinterpret_cast<RowStats*>(stats.data_ptr()), out.data_ptr<int32_t>(),
+        positions.data_ptr<int64_t>(), reinterpret_cast<RowStats*>(stats.data_ptr()),
+        draft_probs.has_value() ? block_masses.data_ptr<int64_t>() : nullptr, out.data_ptr<int32_t>(),
         num_accepted.data_ptr<int32_t>(), return_logprobs ? logprobs.data_ptr<float>() : nullptr, s, cluster);
   };
   switch (target_logits.scalar_type()) {  // check_verify admits these three

@@ -19,6 +19,7 @@ ROUNDS = 10
 # What a draw is for: the third counter word, so the streams of one position never meet.
 PURPOSE_ACCEPT = 0  # the uniform of the acceptance test of a draft
 PURPOSE_SAMPLE = 1  # the 64-bit draw that samples a token at a position
+PURPOSE_PROPOSE = 2  # the proposals of a residual draw: block t holds proposal t
 
 
 def _mulhilo(a: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,6 +29,15 @@ Randomness, keyed by the request's seed, with counter (absolute position, purpos
   an n-gram rejection; ``x = max(w - q * Z, 0)`` (two float32 operations: the residual
   ``max(p - q, 0)`` scaled by Z) at a rejection with draft probs. Every token's probability
   is its mass over M within 2^-64.
+- at a rejection with draft probs the residual token is first sought by proposals, which
+  need no pass over the residual masses: for t = 0 .. RESIDUAL_PROPOSALS - 1, the words
+  (a0, a1, a2, a3) of ``philox(seed, (pos, PURPOSE_PROPOSE, t))`` give ``X = a0 + a1 2^32``,
+  which draws ``x_t`` by inversion from the normaliser's masses ``W_v = floor(w_v * 2^40)``
+  (as for the bonus token), and ``Y = a2 + a3 2^32``: ``x_t`` is the token when
+  ``floor(Y * W_x / 2^64) < R_x``, ``R`` the residual masses above (R <= W). The first
+  accepted proposal is taken; when none is (or M_W = 0), the token is drawn from R by
+  inversion as above. Rejection sampling: ``P(x_t = v, accepted) = R_v / M_W`` at every t,
+  so the token's probability is ``R_v / M_R`` within 2^-60, as for the direct draw.
 No (position, purpose) pair is used twice across steps: the next step starts right after
 the last emitted token.
 
@@ -52,6 +61,7 @@ PLACEHOLDER_TOKEN_ID = -1
 FIXED_SCALE_BITS = 40  # normaliser sums: floor(w * 2^40), w in [0, 1]
 TOP_P_MASS_BITS = 32  # top-p masses: floor(p * 2^32)
 TOP_P_BITS = 24  # top_p as floor(top_p * 2^24)
+RESIDUAL_PROPOSALS = 16  # proposals of a residual draw before the pass over its masses
 
 
 def _fixed_sum(w: torch.Tensor) -> torch.Tensor:
@@ -136,6 +146,28 @@ def sample_uniform_int(seed: int, position: int, total: int) -> int:
     return (x * total) >> 64
 
 
+def _mulhi64(x: int, m: int) -> int:
+    return (x * m) >> 64
+
+
+def propose_residual(weights: torch.Tensor, residual: torch.Tensor, seed: int, position: int) -> int | None:
+    """The first accepted proposal of a residual draw (module docstring): proposals drawn by
+    inversion from the normaliser's masses ``weights`` [V], each kept with probability
+    residual / weights at its token; None when none is kept (or the weights sum to 0)."""
+    total = int(weights.sum())
+    if total == 0:
+        return None
+    cumulative = torch.cumsum(weights, 0)
+    words = [int(w) for w in _words(seed, position, philox.PURPOSE_PROPOSE, 4 * RESIDUAL_PROPOSALS)]
+    for t in range(RESIDUAL_PROPOSALS):
+        a0, a1, a2, a3 = words[4 * t : 4 * t + 4]
+        u = _mulhi64(a0 | (a1 << 32), total)
+        token = int(torch.searchsorted(cumulative, u, right=True))
+        if _mulhi64(a2 | (a3 << 32), int(weights[token])) < int(residual[token]):
+            return token
+    return None
+
+
 def sample_masses(masses: torch.Tensor, seed: int, position: int) -> int:
     """The token drawn by inversion from integer masses [V] (module docstring)."""
     total = int(masses.sum())
@@ -179,13 +211,16 @@ def _random_request(rows, bonus_row, drafts, draft_rows, params, return_logprobs
             if return_logprobs:
                 logprobs.append(log_prob(p[x]))
             continue
+        token = None
         if q is not None:  # the residual max(p - q, 0) scaled by Z: no division
             masses = fixed_masses(torch.clamp(w - q * _fixed_sum(w), min=0))
+            token = propose_residual(fixed_masses(w), masses, seed, position + i)
         else:
             masses = fixed_masses(w)
             if 0 <= x < masses.shape[0]:
                 masses[x] = 0
-        token = sample_masses(masses, seed, position + i)
+        if token is None:
+            token = sample_masses(masses, seed, position + i)
         tokens.append(token)
         if return_logprobs:
             logprobs.append(log_prob(p[token]))

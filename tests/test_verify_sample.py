@@ -52,6 +52,57 @@ def test_reference_draw_is_the_high_word_of_x_times_m():
         assert reference_verify.sample_uniform_int(7, 11, total) == (x * total) >> 64 < total
 
 
+def test_reference_proposal_is_the_inversion_draw_kept_by_the_second_word():
+    """Proposal t of a residual draw: words 0-1 of the proposal block t draw from W by
+    inversion, words 2-3 keep it when floor(Y W_x / 2^64) < R_x; the first kept one wins."""
+    weights = torch.tensor([3, 0, 5, 2, 0, 1], dtype=torch.int64)
+    cumulative = torch.cumsum(weights, 0)
+    for seed in range(40):
+        residual = torch.randint(0, 6, (6,), generator=torch.Generator().manual_seed(seed)) * (weights > 0)
+        residual = torch.minimum(residual, weights)
+        words = [int(w) for w in reference_verify._words(seed, 9, 2, 4 * reference_verify.RESIDUAL_PROPOSALS)]
+        expected = None
+        for t in range(reference_verify.RESIDUAL_PROPOSALS):
+            a0, a1, a2, a3 = words[4 * t : 4 * t + 4]
+            token = int(torch.searchsorted(cumulative, ((a0 | a1 << 32) * 11) >> 64, right=True))
+            if ((a2 | a3 << 32) * int(weights[token])) >> 64 < int(residual[token]):
+                expected = token
+                break
+        assert reference_verify.propose_residual(weights, residual, seed, 9) == expected
+    assert reference_verify.propose_residual(torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int64),
+                                             0, 0) is None  # M_W = 0: no proposal
+    assert reference_verify.propose_residual(weights, torch.zeros(6, dtype=torch.int64), 0, 0) is None  # R = 0
+
+
+@pytest.mark.parametrize("closeness", [0.0, 0.97])
+def test_reference_residual_draw_follows_the_residual(closeness):
+    """The residual token (a proposal, else the direct draw) follows max(p - q, 0)
+    normalised, whether the proposals settle most draws (q far from p) or leave many to the
+    direct draw (q close to p: the residual mass is small)."""
+    from distribution_harness import assert_follows
+
+    vocab, copies = 6, 3000
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(vocab, generator=g)
+    w = reference_verify.processed_weights(logits, 1.0, 0, 1.0)
+    p = reference_verify._normalise(w)
+    q = closeness * p + (1 - closeness) * torch.softmax(torch.randn(vocab, generator=g), -1)
+    z = reference_verify._fixed_sum(w)
+    residual = reference_verify.fixed_masses(torch.clamp(w - q * z, min=0))
+    weights = reference_verify.fixed_masses(w)
+    tokens, proposed = [], 0
+    for seed in range(copies):
+        token = reference_verify.propose_residual(weights, residual, seed, 3)
+        proposed += token is not None
+        tokens.append(token if token is not None else reference_verify.sample_masses(residual, seed, 3))
+    law = residual.double() / residual.sum()
+    assert_follows(torch.tensor(tokens), law, f"residual token, q {closeness} of the way to p")
+    # Each proposal is kept with probability M_R / M_W: the share of draws the proposals settle.
+    kept = float(residual.sum()) / float(weights.sum())
+    expected = 1 - (1 - kept) ** reference_verify.RESIDUAL_PROPOSALS
+    assert abs(proposed / copies - expected) < 6 * (expected * (1 - expected) / copies) ** 0.5 + 1e-9
+
+
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
 def test_triton_mulhi64_is_the_exact_high_word(device):
@@ -90,13 +141,15 @@ def _peaked(inputs, vocab, edges, g):
 @pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
 @pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
 def test_triton_draw_across_blocks_matches_reference(ngram, with_top, monkeypatch):
-    """16-entry blocks (19 a row at V = 300): the block sums of the normaliser, of the
-    residual pass and the scan inside a block; mass on block edges (15/16, 31/32, the last
+    """16-entry blocks (19 a row at V = 300) for the residual pass, 8-entry ones in groups
+    of 4 for the normaliser's masses: the block sums of both, the proposals' search, and the
+    scan inside a block; mass on block edges (15/16, 31/32, the last
     token) or spread over the row (CPU, interpreter)."""
     from specops.triton_kernels import verify as triton_verify
     from test_verify_ops import assert_matches_reference
 
-    for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1)):
+    for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
+                        ("MASS_BLOCK", 8), ("PROPOSAL_GROUP", 4)):
         monkeypatch.setattr(triton_verify, name, value)
     vocab = 300
     for seed in range(3):
@@ -123,18 +176,22 @@ class _GarbageTorch:
 
 
 @needs_triton
+@pytest.mark.parametrize("path", ["proposal", "direct"])
 @pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
-def test_triton_residual_draw_in_every_request(with_top, monkeypatch):
-    """Four random requests reject their first draft (q ~ 1 there, p ~ 0): each draws from
-    its residual masses, its row cut into 10 programs whose last arrival draws; a greedy
-    request and one without drafts leave their programs idle. int32 workspaces start as
-    garbage: the decisions zero the arrival counters, no memset (CPU, interpreter: the
-    programs run one at a time, in one order)."""
+def test_triton_residual_draw_in_every_request(with_top, path, monkeypatch):
+    """Four random requests reject their first draft (p ~ 0 there, q well above it): each
+    draws its residual token. "proposal": q ~ 1 at the draft, so the residual is nearly p
+    and a proposal is kept (in the decisions, 4-entry mass blocks in groups of 2 blocks);
+    "direct": q is p but for 1e-3 moved onto the draft, so the residual mass is ~1e-3 of
+    W, no proposal is kept, and the residual pass draws, its row cut into 10 programs whose
+    last arrival draws. A greedy request and one without drafts leave their programs idle.
+    int32 workspaces start as garbage: the decisions zero the arrival counters, no memset
+    (CPU, interpreter: the programs run one at a time, in one order)."""
     from specops.triton_kernels import verify as triton_verify
     from test_verify_ops import assert_matches_reference
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
-                        ("RESIDUAL_RESIDENT", 16)):
+                        ("RESIDUAL_RESIDENT", 16), ("MASS_BLOCK", 4), ("PROPOSAL_GROUP", 2)):
         monkeypatch.setattr(triton_verify, name, value)
     monkeypatch.setattr(triton_verify, "torch", _GarbageTorch())
     counts, vocab = [2, 1, 0, 3, 1, 2], 300
@@ -142,10 +199,25 @@ def test_triton_residual_draw_in_every_request(with_top, monkeypatch):
     inputs["temperature"][4] = 0.0
     rows, drafts = torch.arange(sum(counts)), inputs["draft_token_ids"].long()
     inputs["target_logits"][rows, drafts] = -30.0
-    q = torch.full_like(inputs["draft_probs"], 1e-6)
-    q[rows, drafts] = 1.0
-    inputs["draft_probs"] = q / q.sum(-1, keepdim=True)
+    if path == "proposal":
+        q = torch.full_like(inputs["draft_probs"], 1e-6)
+        q[rows, drafts] = 1.0
+        q = q / q.sum(-1, keepdim=True)
+    else:
+        request = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+        q = torch.stack([
+            reference_verify.processed_probs(inputs["target_logits"][row], float(inputs["temperature"][b]) or 1.0,
+                                             int(inputs["top_k"][b]) if with_top else 0,
+                                             float(inputs["top_p"][b]) if with_top else 1.0)
+            for row, b in zip(rows.tolist(), request.tolist())])  # the greedy request: any q
+        q = q * (1 - 1e-3)
+        q[rows, drafts] += 1e-3
+    inputs["draft_probs"] = q
     assert triton_verify.wave_split_len(len(counts), vocab, torch.device("cpu"), 16, 16) == 32  # 10 programs a row
+    proposals = []
+    propose = reference_verify.propose_residual
+    monkeypatch.setattr(reference_verify, "propose_residual", lambda *a: proposals.append(propose(*a)) or proposals[-1])
     _tokens, num_accepted, _logprobs = reference_verify.verify(**inputs, max_spec_len=3)
     assert num_accepted.tolist() == [0] * len(counts)  # request 2: its bonus; 4: greedy
+    assert len(proposals) == 4 and all((token is not None) == (path == "proposal") for token in proposals)
     assert_matches_reference(inputs, 3, "cpu", Backend.TRITON)

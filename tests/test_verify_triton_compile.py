@@ -27,7 +27,8 @@ ROW_POINTERS = {"target_ptr": "*bf16", "bonus_ptr": "*bf16", "cu_ptr": "*i32", "
 INT_POINTER_SUFFIXES = ("state_ptr", "agg_ptr", "sum_ptr", "sum2_ptr", "mass_ptr")
 SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_round", "num_splits", "sum_splits"}
 FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_LOGPROBS": True, "BLOCK_S": 64,
-         "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64}
+         "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64, "MASS_BLOCK": 128, "GROUP": 16, "BLOCK_G": 64,
+         "PROPOSAL_ROUND": 4}
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 CASES = [

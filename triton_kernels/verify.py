@@ -16,15 +16,18 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
 5. top-p search and normaliser z2 (only with top_p given): 8 rounds + 1, top-p rows;
 6. decisions, grid (B,): the remaining acceptance tests, exactly, from the screen's stop;
    a bonus row or n-gram rejection draws its token here, by inversion over the normaliser's
-   block sums, then inside one block (verify_sample.py);
-7. with draft probs only: the residual masses' block sums at a rejection, grid (B, S');
-   the last of a request's programs to finish (an atomic arrival count) draws the token
-   from them in the same launch (verify_sample.py).
+   block sums, then inside one block (verify_sample.py); a rejection with draft probs tries
+   its residual proposals here (draws from the same block sums, each kept with
+   probability R / W at its token);
+7. with draft probs only: for the rejections no proposal settled, the residual masses'
+   block sums, grid (B, S'); the last of a request's programs to finish (an atomic arrival
+   count) draws the token from them in the same launch (verify_sample.py). The other
+   requests' programs exit at once.
 With no temperature (every request greedy) and no log-probabilities, launches 1 and 3 only.
 Bytes, plain random requests: each reachable logit row once, plus, per request, the
 sampled row once more for its exact normaliser (which needs the row max first, see
-verify_rows.py) and, at a rejection with draft probs, once again with its draft-probs row
-for the residual masses; then one block of it. Greedy: each row once. With top-k/top-p:
+verify_rows.py), one block of it per proposal and, at a rejection with draft probs that no
+proposal settled, once again with its draft-probs row for the residual masses. Greedy: each row once. With top-k/top-p:
 +8 reads per threshold per row, and every row's normaliser.
 """
 
@@ -63,6 +66,10 @@ REGISTERS_PER_SM = 65536
 RESIDUAL_MAX_REGISTERS = REGISTERS_PER_SM // (RESIDUAL_RESIDENT * RESIDUAL_WARPS * 32)
 NUM_WARPS = 8
 SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
+MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
+PROPOSAL_GROUP = 16  # block sums per group in the residual proposals' search
+PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
+DECIDE_WARPS = 8
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
 PROGRAMS_PER_SM = 4
 CPU_NUM_SMS = 4  # the interpreter has no SMs; a small fixed count still exercises splits
@@ -144,8 +151,8 @@ def verify(
     part_max = empty(num_slots, num_splits, dtype=torch.float32)
     part_arg = empty(num_slots, num_splits, dtype=torch.int32)
     part_sum = empty(num_slots, sum_splits, dtype=torch.int64)
-    num_blocks = triton.cdiv(vocab, BLOCK_V)
-    block_sum = empty(num_slots, num_blocks, dtype=torch.int64)
+    mass_block = min(MASS_BLOCK, BLOCK_V)
+    block_sum = empty(num_slots, triton.cdiv(vocab, mass_block), dtype=torch.int64)
     part_sum2 = empty(num_slots, sum_splits, dtype=torch.int64) if has_top_p else part_sum
     rounds = SEARCH_ROUNDS.value
     search_shapes = ((rounds, num_slots, 2), (rounds, num_slots, num_splits, NUM_CANDIDATES.value + 1))
@@ -184,33 +191,37 @@ def verify(
     sums = (need, part_max, part_arg, *top_k_search, *top_p_search)
     sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits)
     fixed_sum_kernel[(num_slots, sum_splits)](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes,
-                                              SECOND=False, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
+                                              SECOND=False, BLOCK_V=BLOCK_V, MASS_BLOCK=mass_block, num_warps=SUM_WARPS,
+                                              **flags, **exact)
     if has_top_p:
         for search_round in range(rounds):
             threshold_search_kernel[grid](*top_p_search, part_max, part_arg, *top_k_search, part_sum, *rows,
                                           *params, num_tokens, vocab, width, split_len, search_round,
                                           MODE=TOP_P_MODE, BLOCK_V=search_block_v, **flags, **exact)
         fixed_sum_kernel[(num_slots, sum_splits)](part_sum2, block_sum, *sums, part_sum, *rows, *params, *sum_sizes,
-                                                  SECOND=True, BLOCK_V=BLOCK_V, num_warps=SUM_WARPS, **flags, **exact)
+                                                  SECOND=True, BLOCK_V=BLOCK_V, MASS_BLOCK=mass_block, num_warps=SUM_WARPS,
+                                                  **flags, **exact)
 
     sample_float = empty(batch, SAMPLE_FLOATS.value, dtype=torch.float32)
     sample_int = empty(batch, SAMPLE_INTS.value, dtype=torch.int64)
     # Zeroed by the decisions (no memset launch); a stand-in, never written, for n-gram.
     arrivals = empty(batch, dtype=torch.int32) if draft_probs is not None else resume
-    block_b = triton.next_power_of_2(num_blocks)
+    groups = triton.next_power_of_2(triton.cdiv(triton.cdiv(vocab, mass_block), PROPOSAL_GROUP))
     decide_kernel[(batch,)](
         out, num_accepted, logprobs if return_logprobs else out, sample_float, sample_int, arrivals, block_sum,
         resume, part_max, part_arg, part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits,
-        **request_flags, BLOCK_V=BLOCK_V, BLOCK_B=block_b, **exact,
+        **request_flags, MASS_BLOCK=mass_block, GROUP=PROPOSAL_GROUP, BLOCK_G=groups, PROPOSAL_ROUND=PROPOSAL_ROUND,
+        num_warps=DECIDE_WARPS, **exact,
     )
     if draft_probs is None:  # every token drawn by the decisions
         return out, num_accepted, logprobs
+    num_blocks = triton.cdiv(vocab, BLOCK_V)
     block_mass = empty(batch, num_blocks, dtype=torch.int64)
     mass_split_len = wave_split_len(batch, vocab, device, RESIDUAL_RESIDENT, BLOCK_V)
     residual_sample_kernel[(batch, triton.cdiv(vocab, mass_split_len))](
         out, logprobs if return_logprobs else out, block_mass, arrivals, sample_float, sample_int, target_logits,
         bonus_logits, draft_probs, cu_num_draft_tokens, seeds, num_tokens, vocab, width, mass_split_len,
-        HAS_TOP_P=has_top_p, RETURN_LOGPROBS=return_logprobs, BLOCK_V=BLOCK_V, BLOCK_B=block_b,
+        HAS_TOP_P=has_top_p, RETURN_LOGPROBS=return_logprobs, BLOCK_V=BLOCK_V, BLOCK_B=triton.next_power_of_2(num_blocks),
         num_warps=RESIDUAL_WARPS, maxnreg=RESIDUAL_MAX_REGISTERS, **exact,
     )
     return out, num_accepted, logprobs

@@ -21,10 +21,11 @@ from .verify_rows import (
     row_fixed_sum,
     row_kth,
     row_max_argmax,
+    exact_inverse,
     row_p_min,
     slot_row,
 )
-from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token
+from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token, propose_residual
 
 
 # Grid (batch,). Program b walks request b's steps from resume[b] (the screen emitted the
@@ -32,8 +33,9 @@ from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token
 # greedy: emit the argmax, stop at the first mismatch; random: the acceptance test
 # u q(x) < p(x) (u from Philox, p(x) from one logit and the row's max and normalisers),
 # stop at the first rejection or the bonus step, where a random request draws its token
-# (verify_sample.draw_token) from the normaliser's block sums, except at a rejection with
-# draft probs: that one's parameters go to sample_float/sample_int for the residual pass.
+# (verify_sample.draw_token) from the normaliser's block sums; at a rejection with draft
+# probs it tries the residual proposals (verify_sample.propose_residual), and when none is
+# kept leaves the row's parameters in sample_float/sample_int for the residual pass.
 # Bytes: one logit (and one draft prob) per step, the partials of the slots walked.
 @triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "num_splits", "sum_splits"])
 def decide_kernel(
@@ -43,7 +45,7 @@ def decide_kernel(
     sample_float_ptr,  # [batch, SAMPLE_FLOATS] float32
     sample_int_ptr,  # [batch, SAMPLE_INTS] int64
     arrivals_ptr,  # [batch] int32: zeroed for residual_sample_kernel (HAS_DRAFT_PROBS)
-    block_sum_ptr,  # [batch * width, cdiv(vocab, BLOCK_V)] int64: fixed_sum_kernel's block sums
+    block_sum_ptr,  # [batch * width, cdiv(vocab, MASS_BLOCK)] int64: fixed_sum_kernel's block sums
     resume_ptr,  # [batch] int32: first step to decide here (-1: none; verify_screen.py)
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
@@ -70,8 +72,10 @@ def decide_kernel(
     HAS_TOP_P: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    BLOCK_V: tl.constexpr,  # the block of the block sums
-    BLOCK_B: tl.constexpr,  # >= the number of blocks
+    MASS_BLOCK: tl.constexpr,  # vocab entries per block sum
+    GROUP: tl.constexpr,  # block sums per group of the proposals' search (a power of two)
+    BLOCK_G: tl.constexpr,  # a power of two with GROUP * BLOCK_G >= the number of blocks
+    PROPOSAL_ROUND: tl.constexpr,  # residual proposals tried at a time (divides RESIDUAL_PROPOSALS)
 ):
     b = tl.program_id(0)
     num_slots = tl.num_programs(0) * width
@@ -141,21 +145,31 @@ def decide_kernel(
                     token = 0
                 else:
                     params = (max_logit, temperature, kth, z1, p_min, z2)
-                    if ~is_bonus & (HAS_DRAFT_PROBS != 0):  # the residual masses need their own pass first
-                        tl.store(sample_int, i.to(tl.int64))
-                        tl.store(sample_int + 1, position0 + i)
-                        tl.store(sample_float, max_logit)
-                        tl.store(sample_float + 1, temperature)
-                        tl.store(sample_float + 2, kth)
-                        tl.store(sample_float + 3, z1)
-                        tl.store(sample_float + 4, p_min)
-                        tl.store(sample_float + 5, z2)
-                        token = -1  # written by residual_sample_kernel
+                    block_sums = block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, MASS_BLOCK)
+                    if ~is_bonus & (HAS_DRAFT_PROBS != 0):  # proposals, else the residual masses' own pass
+                        proposing = (block_sums, row_ptr, draft_probs_ptr + t.to(tl.int64) * vocab, seed, position0 + i,
+                                     vocab)
+                        inverse = exact_inverse(temperature)
+                        if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
+                            token = propose_residual(*proposing, max_logit, inverse, kth, z1, p_min, z2, True,
+                                                     HAS_TOP_P, MASS_BLOCK, GROUP, BLOCK_G, PROPOSAL_ROUND)
+                        else:
+                            token = propose_residual(*proposing, *params, False, HAS_TOP_P, MASS_BLOCK, GROUP,
+                                                     BLOCK_G, PROPOSAL_ROUND)
+                        if token < 0:
+                            tl.store(sample_int, i.to(tl.int64))
+                            tl.store(sample_int + 1, position0 + i)
+                            tl.store(sample_float, max_logit)
+                            tl.store(sample_float + 1, temperature)
+                            tl.store(sample_float + 2, kth)
+                            tl.store(sample_float + 3, z1)
+                            tl.store(sample_float + 4, p_min)
+                            tl.store(sample_float + 5, z2)  # token -1: written by residual_sample_kernel
                     else:  # the normaliser's own terms: drawn here, from fixed_sum_kernel's block sums
                         excluded = tl.where(in_vocab, draft, -1)
-                        token = draw_token(block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, BLOCK_V), row_ptr,
-                                           row_ptr, False, excluded, seed, position0 + i, vocab, *params, False,
-                                           HAS_TOP_P, BLOCK_V, BLOCK_B).to(tl.int32)
+                        token = draw_token(block_sums, row_ptr, row_ptr, False, excluded, seed, position0 + i, vocab,
+                                           *params, False, HAS_TOP_P, MASS_BLOCK, GROUP * BLOCK_G).to(tl.int32)
+                    if token >= 0:
                         z_t = load_logits(row_ptr, token + tl.arange(0, 1), token + tl.arange(0, 1) < vocab)
                         log_p = tl.sum(log_prob(probs(z_t, *params)), axis=0)
         tl.store(out_row + i, token.to(tl.int32))

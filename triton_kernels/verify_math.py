@@ -17,6 +17,8 @@ FIXED_SCALE = tl.constexpr(1099511627776.0)  # 2^40: normaliser sums
 MASS_SCALE = tl.constexpr(4294967296.0)  # 2^32: top-p masses
 TOP_P_SCALE = tl.constexpr(16777216.0)  # 2^24: top_p and the acceptance uniform
 INDEX_MAX = tl.constexpr(2**31 - 1)
+RESIDUAL_PROPOSALS = tl.constexpr(16)  # reference/verify.py: proposals of a residual draw
+PURPOSE_PROPOSE = tl.constexpr(2)  # reference/philox.py
 
 
 @triton.jit

@@ -328,7 +328,7 @@ def threshold_search_kernel(
 @triton.jit(do_not_specialize=["num_tokens", "width", "row_splits"])
 def fixed_sum_kernel(
     part_sum_ptr,  # [batch * width, sum_splits] int64, written
-    block_sum_ptr,  # [batch * width, cdiv(vocab, BLOCK_V)] int64, written: the sums per block
+    block_sum_ptr,  # [batch * width, cdiv(vocab, MASS_BLOCK)] int64, written: the sums per block
     need_ptr,  # [batch * width] int8: the slots whose exact normaliser the decisions need
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
@@ -353,6 +353,7 @@ def fixed_sum_kernel(
     HAS_TOP_P: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    MASS_BLOCK: tl.constexpr,  # divides BLOCK_V: entries per stored block sum
 ):
     slot = tl.program_id(0)
     split = tl.program_id(1)
@@ -379,13 +380,15 @@ def fixed_sum_kernel(
             z1 = row_fixed_sum(first_sum_ptr, slot, num_splits, BLOCK_S)
             p_min = row_p_min(top_p_state_ptr, top_p_agg_ptr, slot, num_slots, row_splits, uses_top_p, top_p,
                               BLOCK_S)
-        blocks = block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, BLOCK_V)
+        blocks = block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, MASS_BLOCK)
         split_range = (row_ptr, blocks, split * split_len, split_len, vocab)
         inverse = exact_inverse(temperature)
         if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
-            total = _split_fixed_sum(*split_range, max_logit, inverse, kth, z1, p_min, True, SECOND, BLOCK_V)
+            total = _split_fixed_sum(*split_range, max_logit, inverse, kth, z1, p_min, True, SECOND, BLOCK_V,
+                                     MASS_BLOCK)
         else:
-            total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, False, SECOND, BLOCK_V)
+            total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, False, SECOND, BLOCK_V,
+                                     MASS_BLOCK)
         tl.store(part_sum_ptr + slot.to(tl.int64) * num_splits + split, total)
 
 
@@ -401,18 +404,20 @@ def exact_inverse(temperature):
 
 @triton.jit
 def _split_fixed_sum(row_ptr, blocks_ptr, v_begin, split_len, vocab, max_logit, temperature, kth, z1, p_min,
-                     MULTIPLY: tl.constexpr, SECOND: tl.constexpr, BLOCK_V: tl.constexpr):
-    """sum floor(w_v 2^40) over [v_begin, v_begin + split_len) (int64, exact); each block's
-    own sum to ``blocks_ptr`` (the masses verify_sample.py draws from).
+                     MULTIPLY: tl.constexpr, SECOND: tl.constexpr, BLOCK_V: tl.constexpr, MASS_BLOCK: tl.constexpr):
+    """sum floor(w_v 2^40) over [v_begin, v_begin + split_len) (int64, exact); the sum of
+    each MASS_BLOCK entries to ``blocks_ptr`` (the masses verify_sample.py draws from).
     MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse)."""
-    total = tl.zeros([], tl.int64)
+    r = tl.arange(0, BLOCK_V // MASS_BLOCK)
+    totals = tl.zeros([BLOCK_V // MASS_BLOCK], tl.int64)
     offset = 0
     while offset < split_len:
-        v = v_begin + offset + tl.arange(0, BLOCK_V)
+        v = v_begin + offset + r[:, None] * MASS_BLOCK + tl.arange(0, MASS_BLOCK)[None, :]
         z = load_logits(row_ptr, v, v < vocab)
         w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, SECOND)
-        block = tl.sum(tl.floor(tl.where(v < vocab, w, 0.0) * FIXED_SCALE).to(tl.int64), axis=0)
-        tl.store(blocks_ptr + (v_begin + offset) // BLOCK_V, block, mask=v_begin + offset < vocab)
-        total += block
+        blocks = tl.sum(tl.floor(tl.where(v < vocab, w, 0.0) * FIXED_SCALE).to(tl.int64), axis=1)
+        first = v_begin + offset + r * MASS_BLOCK
+        tl.store(blocks_ptr + first // MASS_BLOCK, blocks, mask=first < vocab)
+        totals += blocks
         offset += BLOCK_V
-    return total
+    return tl.sum(totals, axis=0)

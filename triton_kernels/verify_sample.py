@@ -7,10 +7,12 @@ inside it (draw_token).
 - bonus row, n-gram rejection: the masses are the normaliser's own terms floor(w 2^40),
   whose block sums fixed_sum_kernel stored (verify_rows.py): the decisions draw the token
   at once (verify_decide.py; n-gram: the draft's term out of its block);
-- rejection with draft probs: floor(max(w - q Z, 0) 2^40), Z the normaliser, summed by
-  residual_sample_kernel (one pass over the row and its draft-probs row, split across
-  programs), whose last program to finish for the request draws the token in the same
-  launch.
+- rejection with draft probs: first the proposals (propose_residual, in the decisions):
+  draws from the normaliser's masses W, each kept with probability R / W at its token,
+  which read one block per proposal; when none is kept, the residual masses
+  R = floor(max(w - q Z, 0) 2^40), Z the normaliser, summed by residual_sample_kernel (one
+  pass over the row and its draft-probs row, split across programs), whose last program to
+  finish for the request draws the token in the same launch.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import triton.language as tl
 
 from .verify_math import (
     FIXED_SCALE,
+    PURPOSE_PROPOSE,
+    RESIDUAL_PROPOSALS,
     load_logits,
     log_prob,
     mulhi64,
@@ -92,6 +96,57 @@ def draw_token(block_sums_ptr, row_ptr, q_row_ptr, residual, draft, seed, positi
     m = _masses(z, q, v, draft, vocab, *params, HAS_DRAFT_PROBS, False, HAS_TOP_P)
     token = block * BLOCK_V + tl.sum((tl.cumsum(m, axis=0) + before <= u).to(tl.int32), axis=0)
     return tl.where(total == 0, 0, token)
+
+
+@triton.jit
+def propose_residual(block_sums_ptr, row_ptr, q_row_ptr, seed, position, vocab, max_logit, temperature, kth, z1,
+                     p_min, z2, MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr, MASS_BLOCK: tl.constexpr,
+                     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, ROUND: tl.constexpr):
+    """The first kept proposal of a residual draw (reference/verify.py), -1 when none is.
+    ROUND proposals at a time (most draws end in the first round), each drawn by inversion
+    from the normaliser's masses W (their sums per MASS_BLOCK entries: fixed_sum_kernel's)
+    and kept when floor(Y W_x / 2^64) < R_x. The block sums are held as [BLOCK_G, GROUP]
+    (BLOCK_G * GROUP >= the number of blocks): the group holding each draw, then its block,
+    then the entry. MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse).
+    Bytes: the block sums, then per round one block of the row and of its draft probs per
+    proposal (loaded together: no load waits on the token)."""
+    num_blocks = tl.cdiv(vocab, MASS_BLOCK)
+    g = tl.arange(0, BLOCK_G)
+    c = tl.arange(0, GROUP)
+    e = tl.arange(0, MASS_BLOCK)
+    grouped = g[:, None] * GROUP + c[None, :]
+    block_sums = tl.load(block_sums_ptr + grouped, mask=grouped < num_blocks, other=0)
+    group_sums = tl.sum(block_sums, axis=1)
+    group_inclusive = tl.cumsum(group_sums, axis=0)
+    total = tl.sum(group_sums, axis=0)
+    token = tl.full([], -1, tl.int32)
+    first = tl.where(total > 0, 0, RESIDUAL_PROPOSALS)  # M_W = 0: no proposal
+    while first < RESIDUAL_PROPOSALS:
+        t = first + tl.arange(0, ROUND)
+        w0, w1, w2, w3 = philox_words(seed, position, PURPOSE_PROPOSE, t)
+        u = mulhi64(w0, w1, total)  # [ROUND], each < total
+        # The groups, then the blocks, then the entries whose inclusive prefix sum is <= U come first.
+        group = tl.sum((group_inclusive[None, :] <= u[:, None]).to(tl.int32), axis=1)
+        before = tl.sum(tl.where(g[None, :] < group[:, None], group_sums[None, :], 0), axis=1)
+        sums = tl.sum(tl.where((g[None, :] == group[:, None])[:, :, None], block_sums[None, :, :], 0), axis=1)
+        k = tl.sum((tl.cumsum(sums, axis=1) + before[:, None] <= u[:, None]).to(tl.int32), axis=1)
+        before += tl.sum(tl.where(c[None, :] < k[:, None], sums, 0), axis=1)
+        v = (group * GROUP + k)[:, None] * MASS_BLOCK + e[None, :]
+        in_row = v < vocab
+        z = load_logits(row_ptr, v, in_row)
+        q = tl.load(q_row_ptr + v, mask=in_row, other=0.0)
+        w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
+        m = tl.floor(tl.where(in_row & (w > 0.0), w, 0.0) * FIXED_SCALE).to(tl.int64)
+        inside = tl.sum((tl.cumsum(m, axis=1) + before[:, None] <= u[:, None]).to(tl.int32), axis=1)
+        at = e[None, :] == inside[:, None]
+        residual = tl.where(at, w - q * z2, 0.0)  # the residual max(p - q, 0) scaled by Z, at the token
+        residual = tl.sum(tl.floor(tl.where(residual > 0.0, residual, 0.0) * FIXED_SCALE).to(tl.int64), axis=1)
+        kept = mulhi64(w2, w3, tl.sum(tl.where(at, m, 0), axis=1)) < residual
+        kept = tl.min(tl.where(kept, t, RESIDUAL_PROPOSALS), axis=0)
+        x = tl.sum(tl.where(t == kept, tl.sum(tl.where(at, v, 0), axis=1), 0), axis=0)
+        token = tl.where(kept < RESIDUAL_PROPOSALS, x, -1).to(tl.int32)
+        first = tl.where(kept < RESIDUAL_PROPOSALS, RESIDUAL_PROPOSALS, first + ROUND)
+    return token
 
 
 # Grid (batch, num_splits). Program (b, s), when request b stopped on a rejection with draft
