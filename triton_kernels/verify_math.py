@@ -50,18 +50,17 @@ def philox_words(seed, position, purpose, block):
 @triton.jit
 def repro_exp(x):
     y = x * 1.4426950408889634
-    n = tl.floor(y)
-    f = y - n
-    acc = f * 0.0 + 2.1651645511155948e-05
-    acc = acc * f + 0.00014299429312814027
+    n = tl.maximum(tl.floor(y), -125.0)
+    f = y - n  # f >= 1 only where y < -125, which returns 0
+    # Horner from the highest coefficient, as the reference (its first step, c0 * f + c1).
+    acc = f * 2.1651645511155948e-05 + 0.00014299429312814027
     acc = acc * f + 0.001342980656772852
     acc = acc * f + 0.009613536298274994
     acc = acc * f + 0.05550529062747955
     acc = acc * f + 0.2402263581752777
     acc = acc * f + 0.6931471824645996
     acc = acc * f + 1.0
-    n_int = tl.maximum(n, -125.0).to(tl.int32)
-    out = acc * ((n_int + 127) << 23).to(tl.float32, bitcast=True)
+    out = acc * ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
     return tl.where(y < -125.0, 0.0, out)
 
 
