@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import backend_params, requires_gpu
 from distribution_harness import assert_follows
-from verify_inputs import make_inputs, select_requests
+from verify_inputs import make_inputs, rejecting_first_drafts, select_requests
 
 import specops
 from specops.backend import Backend
@@ -46,6 +46,26 @@ def assert_matches_reference(inputs, max_spec_len, device, backend, validate=Tru
 def test_grid_matches_reference(device, backend, dtype, ngram, vocab):
     inputs = make_inputs([3, 0, 5, 1, 2], vocab, seed=vocab, ngram=ngram, dtype=dtype)
     assert_matches_reference(inputs, 5, device, backend)
+
+
+@pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("path", ["proposal", "direct"])
+@pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
+def test_residual_token_through_each_path_matches_reference(device, backend, path, with_top, monkeypatch):
+    """Random requests reject their first draft; their residual token comes from a kept
+    proposal, or (q close to p) from the pass over the residual masses when all 16 fail:
+    both paths equal the reference, which is checked to take the intended one."""
+    import specops.reference.verify as reference_module
+
+    vocab = 3000 if device == "cuda" else 700
+    inputs = make_inputs([2, 1, 3, 0, 2], vocab, seed=23, greedy_fraction=0.0, with_top=with_top)
+    inputs["temperature"][1] = 0.0
+    inputs = rejecting_first_drafts(inputs, path)
+    proposals = []
+    propose = reference_module.propose_residual
+    monkeypatch.setattr(reference_module, "propose_residual", lambda *a: proposals.append(propose(*a)) or proposals[-1])
+    assert_matches_reference(inputs, 3, device, backend)
+    assert len(proposals) == 3 and all((token is not None) == (path == "proposal") for token in proposals)
 
 
 @pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)

@@ -47,3 +47,34 @@ def select_requests(inputs, order):
         else:  # cu_num_draft_tokens
             out[key] = counts[order].cumsum(0).int()
     return out
+
+
+def rejecting_first_drafts(inputs, path):
+    """Every random request's first draft made a near-certain rejection (its logit -30),
+    with draft probs that send the residual token down one path of the contract:
+    "proposal": q ~ 1 on the draft, so the residual is nearly p and a proposal is kept;
+    "direct": q is p (processed, greedy requests at T = 1) but for 1e-3 moved onto the
+    draft, so the residual mass is ~1e-3 of p's and no proposal is kept."""
+    from specops.reference.verify import processed_probs
+
+    inputs = dict(inputs)
+    counts = torch.diff(inputs["cu_num_draft_tokens"].long(), prepend=torch.zeros(1, dtype=torch.long))
+    request = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    rows, drafts = torch.arange(len(request)), inputs["draft_token_ids"].long()
+    target = inputs["target_logits"].clone()
+    target[rows, drafts] = -30.0
+    inputs["target_logits"] = target
+    if path == "proposal":
+        q = torch.full(target.shape, 1e-6)
+        q[rows, drafts] = 1.0
+        inputs["draft_probs"] = q / q.sum(-1, keepdim=True)
+        return inputs
+    top_k, top_p = inputs["top_k"], inputs["top_p"]
+    q = torch.stack([
+        processed_probs(target[row].float(), float(inputs["temperature"][b]) or 1.0,
+                        int(top_k[b]) if top_k is not None else 0, float(top_p[b]) if top_p is not None else 1.0)
+        for row, b in zip(rows.tolist(), request.tolist())]) if len(rows) else torch.zeros(target.shape)
+    q = q * (1 - 1e-3)
+    q[rows, drafts] += 1e-3
+    inputs["draft_probs"] = q
+    return inputs
