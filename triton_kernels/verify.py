@@ -27,8 +27,8 @@ With no temperature (every request greedy) and no log-probabilities, launches 1 
 Bytes, plain random requests: each reachable logit row once, plus, per request, the
 sampled row once more for its exact normaliser (which needs the row max first, see
 verify_rows.py), one block of it per proposal and, at a rejection with draft probs that no
-proposal settled, once again with its draft-probs row for the residual masses. Greedy: each row once. With top-k/top-p:
-+8 reads per threshold per row, and every row's normaliser.
+proposal settled, once again with its draft-probs row for the residual masses. Greedy: each
+row once. With top-k/top-p: +8 reads per threshold per row, and every row's normaliser.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The token a random request of the Triton ``verify`` samples at its stop (the first
 rejected row, or the bonus row when every draft passes): a draw by inversion from integer
-masses (reference/verify.py), in two levels: the masses' sums per vocab block of BLOCK_V
-entries, then one program per request finds the block holding the draw U and the token
-inside it (draw_token).
+masses (reference/verify.py), in two levels: the masses' sums per vocab block (MASS_BLOCK
+entries for the normaliser's masses, BLOCK_V for the residual pass's), then one program
+per request finds the block holding the draw U and the token inside it (draw_token).
 
 - bonus row, n-gram rejection: the masses are the normaliser's own terms floor(w 2^40),
   whose block sums fixed_sum_kernel stored (verify_rows.py): the decisions draw the token
@@ -39,15 +39,22 @@ SAMPLE_INTS = tl.constexpr(2)  # sample_int row: step (-1: nothing left to sampl
 
 
 @triton.jit
-def _masses(z, q, v, draft, vocab, max_logit, temperature, kth, z1, p_min, z2, RESIDUAL: tl.constexpr,
-            MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr):
-    """The int64 masses of entries v (0 past the vocab and, n-gram, at the draft).
-    MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (verify_rows.exact_inverse)."""
-    w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
+def _fixed_masses(w, q, v, draft, vocab, z2, RESIDUAL: tl.constexpr):
+    """The int64 masses floor(x 2^40) of entries v from their processed weights w: x = w,
+    or (RESIDUAL) x = w - q Z; 0 where x <= 0, past the vocab and, n-gram, at the draft."""
     if RESIDUAL:
         w = w - q * z2  # the residual max(p - q, 0) scaled by Z: no division
     keep = (v < vocab) & (v != draft) & (w > 0.0)
     return tl.floor(tl.where(keep, w, 0.0) * FIXED_SCALE).to(tl.int64)
+
+
+@triton.jit
+def _masses(z, q, v, draft, vocab, max_logit, temperature, kth, z1, p_min, z2, RESIDUAL: tl.constexpr,
+            MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr):
+    """The int64 masses of entries v from their logits z (_fixed_masses).
+    MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (verify_rows.exact_inverse)."""
+    w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
+    return _fixed_masses(w, q, v, draft, vocab, z2, RESIDUAL)
 
 
 @triton.jit
@@ -136,15 +143,15 @@ def propose_residual(block_sums_ptr, row_ptr, q_row_ptr, seed, position, vocab, 
         z = load_logits(row_ptr, v, in_row)
         q = tl.load(q_row_ptr + v, mask=in_row, other=0.0)
         w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
-        m = tl.floor(tl.where(in_row & (w > 0.0), w, 0.0) * FIXED_SCALE).to(tl.int64)
+        m = _fixed_masses(w, 0.0, v, -1, vocab, z2, False)
         inside = tl.sum((tl.cumsum(m, axis=1) + before[:, None] <= u[:, None]).to(tl.int32), axis=1)
-        at = e[None, :] == inside[:, None]
-        residual = tl.where(at, w - q * z2, 0.0)  # the residual max(p - q, 0) scaled by Z, at the token
-        residual = tl.sum(tl.floor(tl.where(residual > 0.0, residual, 0.0) * FIXED_SCALE).to(tl.int64), axis=1)
+        at = e[None, :] == inside[:, None]  # each proposal's token in its block (none: W_x = R_x = 0)
+        x = tl.sum(tl.where(at, v, 0), axis=1)
+        residual = _fixed_masses(tl.sum(tl.where(at, w, 0.0), axis=1), tl.sum(tl.where(at, q, 0.0), axis=1), x, -1,
+                                 vocab, z2, True)
         kept = mulhi64(w2, w3, tl.sum(tl.where(at, m, 0), axis=1)) < residual
         kept = tl.min(tl.where(kept, t, RESIDUAL_PROPOSALS), axis=0)
-        x = tl.sum(tl.where(t == kept, tl.sum(tl.where(at, v, 0), axis=1), 0), axis=0)
-        token = tl.where(kept < RESIDUAL_PROPOSALS, x, -1).to(tl.int32)
+        token = tl.where(kept < RESIDUAL_PROPOSALS, tl.sum(tl.where(t == kept, x, 0), axis=0), -1).to(tl.int32)
         first = tl.where(kept < RESIDUAL_PROPOSALS, RESIDUAL_PROPOSALS, first + ROUND)
     return token
 
