@@ -22,10 +22,11 @@ from triton.backends.compiler import GPUTarget
 
 ROW_POINTERS = {"target_ptr": "*bf16", "bonus_ptr": "*bf16", "cu_ptr": "*i32", "part_arg_ptr": "*i32",
                 "draft_ptr": "*i64", "top_k_ptr": "*i32", "seeds_ptr": "*i64", "positions_ptr": "*i64",
-                "out_ptr": "*i32", "num_accepted_ptr": "*i32", "need_ptr": "*i8", "resume_ptr": "*i32",
+                "out_ptr": "*i32", "num_accepted_ptr": "*i32", "marked_ptr": "*i32", "resume_ptr": "*i32",
                 "sample_int_ptr": "*i64", "arrivals_ptr": "*i32"}
 INT_POINTER_SUFFIXES = ("state_ptr", "agg_ptr", "sum_ptr", "sum2_ptr", "mass_ptr")
-SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_round", "num_splits", "sum_splits"}
+SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_round", "num_splits", "sum_splits",
+           "batch"}
 FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_LOGPROBS": True, "BLOCK_S": 64,
          "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64, "MASS_BLOCK": 128, "GROUP": 16, "BLOCK_G": 64,
          "PROPOSAL_ROUND": 4}

@@ -178,29 +178,28 @@ def verify(
         threshold_search_kernel[grid](*top_k_search, part_max, part_arg, *top_k_search, part_sum, *rows, *params,
                                       num_tokens, vocab, width, split_len, search_round, MODE=TOP_K_MODE,
                                       BLOCK_V=search_block_v, **flags, **exact)
-    need = empty(num_slots, dtype=torch.int8)
+    marked = empty(batch, 2, dtype=torch.int32)
     resume = empty(batch, dtype=torch.int32)
     draft_probs_arg = draft_probs if draft_probs is not None else part_max
     request = (target_logits, bonus_logits, draft_token_ids, draft_probs_arg, cu_num_draft_tokens, *params, seeds,
                positions, num_tokens, vocab, width, num_splits)
     request_flags = {"HAS_DRAFT_PROBS": draft_probs is not None, "RETURN_LOGPROBS": return_logprobs, **flags}
-    screen_kernel[(batch,)](out, num_accepted, need, resume, part_max, part_arg, part_approx, *request,
+    screen_kernel[(batch,)](out, num_accepted, marked, resume, part_max, part_arg, part_approx, *request,
                             ALL_GREEDY=greedy_only, BLOCK_W=triton.next_power_of_2(width), **request_flags, **exact)
     if greedy_only:
         return out, num_accepted, logprobs
-    sums = (need, part_max, part_arg, *top_k_search, *top_p_search)
-    sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits)
-    fixed_sum_kernel[(num_slots, sum_splits)](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes,
-                                              SECOND=False, BLOCK_V=BLOCK_V, MASS_BLOCK=mass_block, num_warps=SUM_WARPS,
-                                              **flags, **exact)
+    sums = (marked, part_max, part_arg, *top_k_search, *top_p_search)
+    sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits, batch)
+    sum_grid = (num_slots * sum_splits,)
+    fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
+                               BLOCK_V=BLOCK_V, MASS_BLOCK=mass_block, num_warps=SUM_WARPS, **flags, **exact)
     if has_top_p:
         for search_round in range(rounds):
             threshold_search_kernel[grid](*top_p_search, part_max, part_arg, *top_k_search, part_sum, *rows,
                                           *params, num_tokens, vocab, width, split_len, search_round,
                                           MODE=TOP_P_MODE, BLOCK_V=search_block_v, **flags, **exact)
-        fixed_sum_kernel[(num_slots, sum_splits)](part_sum2, block_sum, *sums, part_sum, *rows, *params, *sum_sizes,
-                                                  SECOND=True, BLOCK_V=BLOCK_V, MASS_BLOCK=mass_block, num_warps=SUM_WARPS,
-                                                  **flags, **exact)
+        fixed_sum_kernel[sum_grid](part_sum2, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=True,
+                                   BLOCK_V=BLOCK_V, MASS_BLOCK=mass_block, num_warps=SUM_WARPS, **flags, **exact)
 
     sample_float = empty(batch, SAMPLE_FLOATS.value, dtype=torch.float32)
     sample_int = empty(batch, SAMPLE_INTS.value, dtype=torch.int64)

@@ -48,20 +48,38 @@ def philox_words(seed, position, purpose, block):
 
 
 @triton.jit
-def repro_exp(x):
-    y = x * 1.4426950408889634
-    n = tl.maximum(tl.floor(y), -125.0)
-    f = y - n  # f >= 1 only where y < -125, which returns 0
-    # Horner from the highest coefficient, as the reference (its first step, c0 * f + c1).
+def _exp2_fraction(f):
+    """2^f for f in [0, 1): Horner from the highest coefficient, as the reference (its first
+    step, c0 * f + c1)."""
     acc = f * 2.1651645511155948e-05 + 0.00014299429312814027
     acc = acc * f + 0.001342980656772852
     acc = acc * f + 0.009613536298274994
     acc = acc * f + 0.05550529062747955
     acc = acc * f + 0.2402263581752777
     acc = acc * f + 0.6931471824645996
-    acc = acc * f + 1.0
+    return acc * f + 1.0
+
+
+@triton.jit
+def repro_exp(x):
+    y = x * 1.4426950408889634
+    n = tl.maximum(tl.floor(y), -125.0)
+    acc = _exp2_fraction(y - n)  # y - n >= 1 only where y < -125, which returns 0
     out = acc * ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
     return tl.where(y < -125.0, 0.0, out)
+
+
+@triton.jit
+def fixed_exp(x):
+    """floor(repro_exp(x) 2^40) as int64, bit for bit, for x <= 0 or -inf, in two float
+    instructions fewer than the floor of the product: repro_exp's result acc 2^n (n >= -125)
+    is a normal float, so acc 2^(n + 40) is the same exact product; and where y < -125 (0
+    in repro_exp) f is clamped to 0 instead of the result selected: acc = 1, and 2^-85
+    floors to 0."""
+    y = x * 1.4426950408889634
+    n = tl.maximum(tl.floor(y), -125.0)
+    acc = _exp2_fraction(tl.maximum(y - n, 0.0))
+    return (acc * ((n.to(tl.int32) + 167) << 23).to(tl.float32, bitcast=True)).to(tl.int64)
 
 
 @triton.jit
@@ -145,6 +163,19 @@ def processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY: tl.co
     if TOP_P:
         w = top_p_weights(w, z1, p_min)
     return w
+
+
+@triton.jit
+def fixed_weights(z, max_logit, temperature, kth, MULTIPLY: tl.constexpr, HAS_TOP_K: tl.constexpr):
+    """floor(w 2^40) as int64 of the processed weights without top-p (processed_weights), by
+    fixed_exp; 0 where z = -inf. HAS_TOP_K False: kth is -inf (no compare issued)."""
+    if MULTIPLY:
+        x = (z - max_logit) * temperature
+    else:
+        x = tl.math.div_rn(z - max_logit, temperature)
+    if HAS_TOP_K:
+        x = tl.where(z >= kth, x, float("-inf"))
+    return fixed_exp(x)
 
 
 @triton.jit

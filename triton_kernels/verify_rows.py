@@ -27,6 +27,7 @@ from .verify_math import (
     INDEX_MAX,
     MASS_SCALE,
     TOP_P_SCALE,
+    fixed_weights,
     from_order_key,
     load_logits,
     order_key,
@@ -321,15 +322,18 @@ def threshold_search_kernel(
         tl.store(out + NUM_CANDIDATES, tl.sum(total, axis=0))
 
 
-# Grid (batch * width, sum_splits). Program (slot, s), for the slots the screen marked,
-# adds floor(w_v 2^40) over its split (int64, exact), w = exp((z - max) / T) after top-k
-# (SECOND: also top-p, p = w / z1 >= p_min). Greedy slots sum at T = 1 (log-probabilities).
-# Bytes: the marked rows once per launch (usually the one row per request that races).
-@triton.jit(do_not_specialize=["num_tokens", "width", "row_splits"])
+# Grid (width * batch * sum_splits,), split fastest, then request, then j: program
+# (j, b, s) takes the j-th of the steps the screen marked in request b (marked[b] = (first
+# step, number of steps)) and adds floor(w_v 2^40) over split s of its row (int64, exact),
+# w = exp((z - max) / T) after top-k (SECOND: also top-p, p = w / z1 >= p_min). Greedy
+# slots sum at T = 1 (log-probabilities). Usually one step a request is marked: the
+# programs of j = 0 come first in the grid and the rest exit at once, after them.
+# Bytes: the marked rows once per launch (usually the one row per request that samples).
+@triton.jit(do_not_specialize=["num_tokens", "width", "row_splits", "batch"])
 def fixed_sum_kernel(
     part_sum_ptr,  # [batch * width, sum_splits] int64, written
     block_sum_ptr,  # [batch * width, cdiv(vocab, MASS_BLOCK)] int64, written: the sums per block
-    need_ptr,  # [batch * width] int8: the slots whose exact normaliser the decisions need
+    marked_ptr,  # [batch, 2] int32: the steps whose exact normaliser the decisions need
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
     top_k_state_ptr,  # [SEARCH_ROUNDS, batch * width, 2] int64
@@ -348,6 +352,7 @@ def fixed_sum_kernel(
     width,
     split_len,  # this pass's split (sized for the rows expected to be marked)
     row_splits,  # the split count of the row max and search partials
+    batch,
     SECOND: tl.constexpr,
     HAS_TOP_K: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
@@ -355,16 +360,19 @@ def fixed_sum_kernel(
     BLOCK_S: tl.constexpr,
     MASS_BLOCK: tl.constexpr,  # divides BLOCK_V: entries per stored block sum
 ):
-    slot = tl.program_id(0)
-    split = tl.program_id(1)
-    num_slots = tl.num_programs(0)
-    num_splits = tl.num_programs(1)
-    b = slot // width
-    i = slot % width
+    program = tl.program_id(0)
+    num_splits = tl.cdiv(vocab, split_len)
+    split = program % num_splits
+    b = (program // num_splits) % batch
+    j = program // (num_splits * batch)
+    num_slots = batch * width
+    first = tl.load(marked_ptr + b * 2)
+    i = tl.minimum(first + j, width - 1)  # j < the number marked: a reachable step
+    slot = b * width + i
     row_ptr, _start, count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
     temperature, uses_top_k, top_k, uses_top_p, top_p = request_params(
         b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)
-    active = (i <= count) & (tl.load(need_ptr + slot) != 0)
+    active = j < tl.load(marked_ptr + b * 2 + 1)
     if SECOND:
         active = active & uses_top_p
     if active:
@@ -384,11 +392,11 @@ def fixed_sum_kernel(
         split_range = (row_ptr, blocks, split * split_len, split_len, vocab)
         inverse = exact_inverse(temperature)
         if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
-            total = _split_fixed_sum(*split_range, max_logit, inverse, kth, z1, p_min, True, SECOND, BLOCK_V,
-                                     MASS_BLOCK)
+            total = _split_fixed_sum(*split_range, max_logit, inverse, kth, z1, p_min, True, SECOND, HAS_TOP_K,
+                                     BLOCK_V, MASS_BLOCK)
         else:
-            total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, False, SECOND, BLOCK_V,
-                                     MASS_BLOCK)
+            total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, False, SECOND,
+                                     HAS_TOP_K, BLOCK_V, MASS_BLOCK)
         tl.store(part_sum_ptr + slot.to(tl.int64) * num_splits + split, total)
 
 
@@ -404,20 +412,38 @@ def exact_inverse(temperature):
 
 @triton.jit
 def _split_fixed_sum(row_ptr, blocks_ptr, v_begin, split_len, vocab, max_logit, temperature, kth, z1, p_min,
-                     MULTIPLY: tl.constexpr, SECOND: tl.constexpr, BLOCK_V: tl.constexpr, MASS_BLOCK: tl.constexpr):
+                     MULTIPLY: tl.constexpr, SECOND: tl.constexpr, HAS_TOP_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                     MASS_BLOCK: tl.constexpr):
     """sum floor(w_v 2^40) over [v_begin, v_begin + split_len) (int64, exact); the sum of
     each MASS_BLOCK entries to ``blocks_ptr`` (the masses verify_sample.py draws from).
-    MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse)."""
-    r = tl.arange(0, BLOCK_V // MASS_BLOCK)
-    totals = tl.zeros([BLOCK_V // MASS_BLOCK], tl.int64)
+    MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse).
+    The tile [LANE_GROUPS, WARP_GROUPS, REPS, SPAN] holds BLOCK_V entries so that each mass
+    block lies in the registers of a few lanes of one warp (4 warps, 2048 entries, 128-entry
+    blocks: 8 lanes of 16 entries; a warp's load covers 4 blocks, 128 contiguous bytes of
+    each): a block sum is mostly a thread's own additions, then 3 shuffle steps, not 5.
+    (Triton lays the contiguous SPAN fastest, then the dims in order: lanes go to SPAN and
+    LANE_GROUPS, warps to WARP_GROUPS, registers to REPS.)"""
+    REPS: tl.constexpr = (MASS_BLOCK + 31) // 32
+    SPAN: tl.constexpr = MASS_BLOCK // REPS
+    GROUPS: tl.constexpr = BLOCK_V // MASS_BLOCK
+    LANE_GROUPS: tl.constexpr = GROUPS // ((GROUPS + 3) // 4)
+    WARP_GROUPS: tl.constexpr = GROUPS // LANE_GROUPS
+    block = tl.arange(0, LANE_GROUPS)[:, None] + tl.arange(0, WARP_GROUPS)[None, :] * LANE_GROUPS
+    entry = ((block * MASS_BLOCK)[:, :, None, None] + tl.arange(0, REPS)[None, None, :, None] * SPAN
+             + tl.arange(0, SPAN)[None, None, None, :])
+    totals = tl.zeros([LANE_GROUPS, WARP_GROUPS], tl.int64)
     offset = 0
     while offset < split_len:
-        v = v_begin + offset + r[:, None] * MASS_BLOCK + tl.arange(0, MASS_BLOCK)[None, :]
-        z = load_logits(row_ptr, v, v < vocab)
-        w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, SECOND)
-        blocks = tl.sum(tl.floor(tl.where(v < vocab, w, 0.0) * FIXED_SCALE).to(tl.int64), axis=1)
-        first = v_begin + offset + r * MASS_BLOCK
+        v = v_begin + offset + entry
+        z = load_logits(row_ptr, v, v < vocab)  # -inf past the vocab: mass 0
+        if SECOND:
+            w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, True)
+            mass = tl.floor(w * FIXED_SCALE).to(tl.int64)
+        else:
+            mass = fixed_weights(z, max_logit, temperature, kth, MULTIPLY, HAS_TOP_K)
+        blocks = tl.sum(tl.sum(mass, axis=2), axis=2)  # REPS (a thread's own entries) first, then SPAN
+        first = v_begin + offset + block * MASS_BLOCK
         tl.store(blocks_ptr + first // MASS_BLOCK, blocks, mask=first < vocab)
         totals += blocks
         offset += BLOCK_V
-    return tl.sum(totals, axis=0)
+    return tl.sum(tl.sum(totals, axis=1), axis=0)

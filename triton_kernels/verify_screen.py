@@ -47,8 +47,8 @@ def _step_stats(part_max_ptr, part_arg_ptr, part_approx_ptr, slots, reachable, n
     return best, argmax, approx
 
 
-# Grid (batch,). Program b screens request b and marks, in need[b * width + i], the steps
-# whose exact normaliser the decisions need; resume[b] is the step decide_kernel starts
+# Grid (batch,). Program b screens request b and marks the steps whose exact normaliser
+# the decisions need, always a range: marked[b] = (first step, number of steps); resume[b] is the step decide_kernel starts
 # from (-1: the screen emitted everything). Greedy requests are settled here from the
 # argmax; requests with top-k, top-p or log-probabilities need every step exactly.
 # Plain random requests: surely accepted steps are emitted here; the first other step
@@ -60,7 +60,7 @@ def _step_stats(part_max_ptr, part_arg_ptr, part_approx_ptr, slots, reachable, n
 def screen_kernel(
     out_ptr,  # [batch, width] int32
     num_accepted_ptr,  # [batch] int32
-    need_ptr,  # [batch * width] int8, written
+    marked_ptr,  # [batch, 2] int32, written
     resume_ptr,  # [batch] int32, written
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
@@ -95,16 +95,16 @@ def screen_kernel(
             b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)
     start, count = draft_range(cu_ptr, b, num_tokens, width - 1)
     out_row = out_ptr + b.to(tl.int64) * width
-    need_row = need_ptr + b.to(tl.int64) * width
     steps = tl.arange(0, BLOCK_W)
     in_width = steps < width
     reachable = steps <= count
     resume = tl.zeros([], tl.int32)
+    first_marked = tl.zeros([], tl.int32)
+    num_marked = tl.zeros([], tl.int32)
     if (uses_top_k | uses_top_p) | RETURN_LOGPROBS:  # every reachable step needs its exact normaliser
-        tl.store(need_row + steps, reachable.to(tl.int8), mask=in_width)
+        num_marked = (count + 1).to(tl.int32)
     else:
         # All steps at once (a few dependent loads in all, not a few per step).
-        tl.store(need_row + steps, tl.zeros([BLOCK_W], tl.int8), mask=in_width)
         max_logit, argmax, approx = _step_stats(part_max_ptr, part_arg_ptr, part_approx_ptr, b * width + steps,
                                                 reachable, num_splits, temperature, not ALL_GREEDY, BLOCK_S)
         is_draft = steps < count
@@ -140,7 +140,9 @@ def screen_kernel(
             sure_reject = ~possible | (scaled >= upper)
             unsettled = tl.sum(((steps == stop) & is_draft & ~sure_reject).to(tl.int32), axis=0) > 0
             tl.store(out_row + steps, x.to(tl.int32), mask=steps < stop)
-            marked = (steps == stop) | (unsettled & (steps > stop) & reachable)
-            tl.store(need_row + steps, marked.to(tl.int8), mask=in_width)
+            first_marked = stop.to(tl.int32)
+            num_marked = tl.where(unsettled, count + 1 - stop, 1).to(tl.int32)
             resume = stop
     tl.store(resume_ptr + b, resume)
+    tl.store(marked_ptr + b * 2, first_marked)
+    tl.store(marked_ptr + b * 2 + 1, num_marked)
