@@ -12,7 +12,8 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
    acceptance tests from the approximate normalisers and mark the steps that need the
    exact one (the rejected or bonus step, and every later step after an unsettled test);
    with top-k, top-p or log-probabilities every reachable step is marked;
-4. exact fixed-point normaliser z1, grid (B * width, S): marked rows only;
+4. exact fixed-point normaliser z1, grid (width * B * S,): the marked steps of each
+   request (always a range, usually one step), the first marked steps first in the grid;
 5. top-p search and normaliser z2 (only with top_p given): 8 rounds + 1, top-p rows;
 6. decisions, grid (B,): the remaining acceptance tests, exactly, from the screen's stop;
    a bonus row or n-gram rejection draws its token here, by inversion over the normaliser's
@@ -65,6 +66,10 @@ RESIDUAL_RESIDENT = 4
 REGISTERS_PER_SM = 65536
 RESIDUAL_MAX_REGISTERS = REGISTERS_PER_SM // (RESIDUAL_RESIDENT * RESIDUAL_WARPS * 32)
 NUM_WARPS = 8
+# The max pass: PROGRAMS_PER_SM programs per SM are wanted, rounded up to whole splits, so
+# one more must fit (B = 64 random: 640 programs on 132 SMs); capped at 48 registers a
+# thread it issues 3 instructions more per 8 entries than uncapped (54, which allows 4).
+ROW_MAX_RESIDENT = 5
 SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_GROUP = 16  # block sums per group in the residual proposals' search
@@ -170,7 +175,8 @@ def verify(
 
     part_approx = empty(num_slots, num_splits, dtype=torch.float32)
     row_max_kernel[grid](part_max, part_arg, part_approx, *rows, temperature_arg, *sizes, ALL_GREEDY=greedy_only,
-                         BLOCK_V=BLOCK_V, num_warps=NUM_WARPS)
+                         BLOCK_V=BLOCK_V, num_warps=NUM_WARPS,
+                         maxnreg=REGISTERS_PER_SM // (ROW_MAX_RESIDENT * NUM_WARPS * 32) // 8 * 8)
     flags = {"HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_S": block_s}
     # Powers of two: the smaller blocks divide every split (a multiple of BLOCK_V).
     search_block_v = min(SEARCH_BLOCK_V, BLOCK_V)
@@ -191,15 +197,17 @@ def verify(
     sums = (marked, part_max, part_arg, *top_k_search, *top_p_search)
     sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits, batch)
     sum_grid = (num_slots * sum_splits,)
+    sum_flags = {"BLOCK_V": BLOCK_V, "MASS_BLOCK": mass_block, "num_warps": SUM_WARPS,
+                 **flags, **exact}
     fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
-                               BLOCK_V=BLOCK_V, MASS_BLOCK=mass_block, num_warps=SUM_WARPS, **flags, **exact)
+                               **sum_flags)
     if has_top_p:
         for search_round in range(rounds):
             threshold_search_kernel[grid](*top_p_search, part_max, part_arg, *top_k_search, part_sum, *rows,
                                           *params, num_tokens, vocab, width, split_len, search_round,
                                           MODE=TOP_P_MODE, BLOCK_V=search_block_v, **flags, **exact)
         fixed_sum_kernel[sum_grid](part_sum2, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=True,
-                                   BLOCK_V=BLOCK_V, MASS_BLOCK=mass_block, num_warps=SUM_WARPS, **flags, **exact)
+                                   **sum_flags)
 
     sample_float = empty(batch, SAMPLE_FLOATS.value, dtype=torch.float32)
     sample_int = empty(batch, SAMPLE_INTS.value, dtype=torch.int64)

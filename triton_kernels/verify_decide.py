@@ -36,7 +36,8 @@ from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token, propose_resid
 # (verify_sample.draw_token) from the normaliser's block sums; at a rejection with draft
 # probs it tries the residual proposals (verify_sample.propose_residual), and when none is
 # kept leaves the row's parameters in sample_float/sample_int for the residual pass.
-# Bytes: one logit (and one draft prob) per step, the partials of the slots walked.
+# Bytes: one logit (and one draft prob) per step, the partials of the slots walked, and the
+# block sums of each random step walked.
 @triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "num_splits", "sum_splits"])
 def decide_kernel(
     out_ptr,  # [batch, width] int32
@@ -92,6 +93,8 @@ def decide_kernel(
     if HAS_DRAFT_PROBS:  # every request: no memset launch, and each call (graph replay) starts at 0
         tl.store(arrivals_ptr + b, 0)
     i = tl.load(resume_ptr + b)
+    num_mass_blocks = tl.cdiv(vocab, MASS_BLOCK)
+    grouped = tl.arange(0, BLOCK_G)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # block sums as [groups, GROUP]
     done = (i < 0).to(tl.int32)  # the screen decided the whole request
     accepted = tl.zeros([], tl.int32)
     while done == 0:
@@ -115,6 +118,10 @@ def decide_kernel(
             done = (is_bonus | (draft != token)).to(tl.int32)
             accepted = tl.where(done != 0, i, accepted)
         else:
+            # The step's block sums (fixed_sum_kernel's; garbage, never used, at a step that
+            # passes), loaded before the acceptance test: a rejection's draw does not wait.
+            block_sums = tl.load(block_sum_ptr + slot.to(tl.int64) * num_mass_blocks + grouped,
+                                 mask=grouped < num_mass_blocks, other=0)
             kth = tl.full([], float("-inf"), tl.float32)
             if HAS_TOP_K:
                 kth = row_kth(top_k_state_ptr, top_k_agg_ptr, slot, num_slots, num_splits, uses_top_k, top_k,
@@ -145,7 +152,6 @@ def decide_kernel(
                     token = 0
                 else:
                     params = (max_logit, temperature, kth, z1, p_min, z2)
-                    block_sums = block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, MASS_BLOCK)
                     if ~is_bonus & (HAS_DRAFT_PROBS != 0):  # proposals, else the residual masses' own pass
                         proposing = (block_sums, row_ptr, draft_probs_ptr + t.to(tl.int64) * vocab, seed, position0 + i,
                                      vocab)
@@ -167,8 +173,9 @@ def decide_kernel(
                             tl.store(sample_float + 5, z2)  # token -1: written by residual_sample_kernel
                     else:  # the normaliser's own terms: drawn here, from fixed_sum_kernel's block sums
                         excluded = tl.where(in_vocab, draft, -1)
-                        token = draw_token(block_sums, row_ptr, row_ptr, False, excluded, seed, position0 + i, vocab,
-                                           *params, False, HAS_TOP_P, MASS_BLOCK, GROUP * BLOCK_G).to(tl.int32)
+                        token = draw_token(tl.reshape(block_sums, [GROUP * BLOCK_G]), row_ptr, row_ptr, False,
+                                           excluded, seed, position0 + i, vocab, *params, False, HAS_TOP_P,
+                                           MASS_BLOCK, GROUP * BLOCK_G).to(tl.int32)
                     if token >= 0:
                         z_t = load_logits(row_ptr, token + tl.arange(0, 1), token + tl.arange(0, 1) < vocab)
                         log_p = tl.sum(log_prob(probs(z_t, *params)), axis=0)

@@ -138,31 +138,53 @@ def top_p_initial(top_p):
 
 
 @triton.jit
-def _scan(row_ptr, v_begin, split_len, vocab, scale, WITH_SUM: tl.constexpr, BLOCK_V: tl.constexpr):
+def _scan_block(block_ptr, lane, offset, limit, best, best_offset, approx, neg_scale, MASKED: tl.constexpr,
+                WITH_SUM: tl.constexpr):
+    """_scan's step over one block of BLOCK_V entries at ``block_ptr`` (MASKED: the lanes
+    below ``limit`` only, the row's last block)."""
+    if MASKED:
+        raw = tl.load(block_ptr + lane, mask=lane < limit, other=float("-inf")).to(tl.float32)
+    else:
+        raw = tl.load(block_ptr + lane).to(tl.float32)
+    finite = tl.abs(raw) < float("inf")  # NaN compares false
+    z = tl.where(finite, raw, float("-inf"))  # +-inf and NaN: probability 0 (load_logits)
+    better = z > best
+    if WITH_SUM:
+        # One exp2 per entry: 2^(-|z - best| s) is the rescale of the old sum when z is
+        # the new lane max, else the entry's own term (0 for z = -inf, also when the
+        # lane has seen only -inf, whose difference is NaN).
+        e = tl.where(finite, tl.exp2(tl.abs(z - best) * neg_scale), 0.0)
+        approx = tl.where(better, approx * e + 1.0, approx + e)
+    best = tl.maximum(best, z)
+    best_offset = tl.where(better, offset, best_offset)
+    return best, best_offset, approx
+
+
+@triton.jit
+def _scan(row_ptr, v_begin, split_len, vocab, neg_scale, WITH_SUM: tl.constexpr, BLOCK_V: tl.constexpr):
     """Per-lane (max, first index of it, approximate sum relative to the lane max) over
-    [v_begin, v_begin + split_len) of a row. WITH_SUM False (an all-greedy batch): the sums
-    stay 0 and no exp2 is issued."""
+    [v_begin, v_begin + split_len) of a row; ``neg_scale`` = -log2(e) / T. WITH_SUM False
+    (an all-greedy batch): the sums stay 0 and no exp2 is issued. The blocks inside the
+    vocab load without a mask (no fill of masked lanes), the row's last partial one with
+    it; a lane keeps the offset of the block holding its max (one select, no index add per
+    entry)."""
     # Per-lane running max with strict >: each lane keeps its first maximum, so the
     # reduction's lowest index among equal maxima is the first one in the split.
+    lane = tl.arange(0, BLOCK_V)
     best = tl.full([BLOCK_V], float("-inf"), tl.float32)
-    best_index = tl.zeros([BLOCK_V], tl.int32) + v_begin
+    best_offset = tl.zeros([BLOCK_V], tl.int32)
     approx = tl.zeros([BLOCK_V], tl.float32)  # per lane, relative to the lane's best
+    end = tl.minimum(split_len, vocab - v_begin)
+    whole = end - end % BLOCK_V
     offset = 0
-    while offset < split_len:
-        v = v_begin + offset + tl.arange(0, BLOCK_V)
-        z = load_logits(row_ptr, v, v < vocab)
-        better = z > best
-        if WITH_SUM:
-            # One exp2 per entry: 2^(-|z - best| s) is the rescale of the old sum when z is
-            # the new lane max, else the entry's own term (0 for z = -inf, also when the
-            # lane has seen only -inf, whose difference is NaN).
-            e = tl.exp2(-tl.abs(z - best) * scale)
-            e = tl.where(z == float("-inf"), 0.0, e)
-            approx = tl.where(better, approx * e + 1.0, approx + e)
-        best = tl.maximum(best, z)
-        best_index = tl.where(better, v, best_index)
+    while offset < whole:
+        best, best_offset, approx = _scan_block(row_ptr + v_begin + offset, lane, offset, BLOCK_V, best,
+                                                best_offset, approx, neg_scale, False, WITH_SUM)
         offset += BLOCK_V
-    return best, best_index, approx
+    if offset < end:
+        best, best_offset, approx = _scan_block(row_ptr + v_begin + offset, lane, offset, end - offset, best,
+                                                best_offset, approx, neg_scale, True, WITH_SUM)
+    return best, v_begin + best_offset + lane, approx
 
 
 # Grid (batch * width, num_splits). Program (slot, s) reads entries
@@ -202,7 +224,7 @@ def row_max_kernel(
         else:
             temperature = tl.load(temperature_ptr + b)
             scale = tl.where(temperature == 0.0, 0.0, 1.4426950408889634 / temperature)  # greedy: unused
-        best, best_index, approx = _scan(row_ptr, v_begin, split_len, vocab, scale, not ALL_GREEDY, BLOCK_V)
+        best, best_index, approx = _scan(row_ptr, v_begin, split_len, vocab, -scale, not ALL_GREEDY, BLOCK_V)
         split_best = tl.max(best, axis=0)
         split_sum = tl.zeros([], tl.float32)
         if not ALL_GREEDY:

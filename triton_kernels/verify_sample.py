@@ -69,21 +69,18 @@ def _sampled_row(b, step, sample_float_ptr, target_ptr, bonus_ptr, draft_probs_p
 
 
 @triton.jit
-def draw_token(block_sums_ptr, row_ptr, q_row_ptr, residual, draft, seed, position, vocab, max_logit, temperature,
-               kth, z1, p_min, z2, HAS_DRAFT_PROBS: tl.constexpr, HAS_TOP_P: tl.constexpr, BLOCK_V: tl.constexpr,
+def draw_token(block_sums, row_ptr, q_row_ptr, residual, draft, seed, position, vocab, max_logit, temperature, kth,
+               z1, p_min, z2, HAS_DRAFT_PROBS: tl.constexpr, HAS_TOP_P: tl.constexpr, BLOCK_V: tl.constexpr,
                BLOCK_B: tl.constexpr):
-    """The token drawn from a row's masses: M = the sum of the block sums (n-gram: less the
-    draft's own term, draft >= 0), U = floor(X M / 2^64) (X: words 0 and 1 of the
-    position's sample draw), the block whose prefix range holds U, then the token whose
-    prefix range inside that block holds it (an inclusive scan of the block's masses);
-    M = 0 gives token 0. ``residual``: the masses of a rejection with draft probs
-    (HAS_DRAFT_PROBS). Bytes: the block sums and one block of the row (and of its q).
-    The block sums are read past L1 (.cg): residual_sample_kernel reads those that other
-    programs of its own launch wrote, and L1 is not coherent across SMs."""
+    """The token drawn from a row's masses, given their sums per BLOCK_V entries
+    (``block_sums`` [BLOCK_B], 0 past the row's blocks): M = the sum of the block sums
+    (n-gram: less the draft's own term, draft >= 0), U = floor(X M / 2^64) (X: words 0 and
+    1 of the position's sample draw), the block whose prefix range holds U, then the token
+    whose prefix range inside that block holds it (an inclusive scan of the block's
+    masses); M = 0 gives token 0. ``residual``: the masses of a rejection with draft probs
+    (HAS_DRAFT_PROBS). Bytes: one block of the row (and of its q)."""
     params = (max_logit, temperature, kth, z1, p_min, z2)
-    num_blocks = tl.cdiv(vocab, BLOCK_V)
     j = tl.arange(0, BLOCK_B)
-    block_sums = tl.load(block_sums_ptr + j, mask=j < num_blocks, other=0, cache_modifier=".cg")
     x = tl.maximum(draft, 0) + tl.arange(0, 1)
     draft_mass = tl.sum(_masses(load_logits(row_ptr, x, x < vocab), 0.0, x, -1, vocab, *params, False, False,
                                 HAS_TOP_P), axis=0)
@@ -106,23 +103,20 @@ def draw_token(block_sums_ptr, row_ptr, q_row_ptr, residual, draft, seed, positi
 
 
 @triton.jit
-def propose_residual(block_sums_ptr, row_ptr, q_row_ptr, seed, position, vocab, max_logit, temperature, kth, z1,
-                     p_min, z2, MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr, MASS_BLOCK: tl.constexpr,
+def propose_residual(block_sums, row_ptr, q_row_ptr, seed, position, vocab, max_logit, temperature, kth, z1, p_min,
+                     z2, MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr, MASS_BLOCK: tl.constexpr,
                      GROUP: tl.constexpr, BLOCK_G: tl.constexpr, ROUND: tl.constexpr):
     """The first kept proposal of a residual draw (reference/verify.py), -1 when none is.
     ROUND proposals at a time (most draws end in the first round), each drawn by inversion
     from the normaliser's masses W (their sums per MASS_BLOCK entries: fixed_sum_kernel's)
-    and kept when floor(Y W_x / 2^64) < R_x. The block sums are held as [BLOCK_G, GROUP]
-    (BLOCK_G * GROUP >= the number of blocks): the group holding each draw, then its block,
+    and kept when floor(Y W_x / 2^64) < R_x. The block sums come as [BLOCK_G, GROUP] (block
+    g * GROUP + c; 0 past the row's blocks): the group holding each draw, then its block,
     then the entry. MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse).
-    Bytes: the block sums, then per round one block of the row and of its draft probs per
-    proposal (loaded together: no load waits on the token)."""
-    num_blocks = tl.cdiv(vocab, MASS_BLOCK)
+    Bytes: per round one block of the row and of its draft probs per proposal (loaded
+    together: no load waits on the token)."""
     g = tl.arange(0, BLOCK_G)
     c = tl.arange(0, GROUP)
     e = tl.arange(0, MASS_BLOCK)
-    grouped = g[:, None] * GROUP + c[None, :]
-    block_sums = tl.load(block_sums_ptr + grouped, mask=grouped < num_blocks, other=0)
     group_sums = tl.sum(block_sums, axis=1)
     group_inclusive = tl.cumsum(group_sums, axis=0)
     total = tl.sum(group_sums, axis=0)
@@ -213,8 +207,11 @@ def residual_sample_kernel(
         tl.debug_barrier()
         arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel", scope="gpu")
         if arrived == tl.num_programs(1) - 1:
-            token = draw_token(blocks, row_ptr, q_row_ptr, True, -1, tl.load(seeds_ptr + b), tl.load(sample_int + 1),
-                               vocab, *params, True, HAS_TOP_P, BLOCK_V, BLOCK_B)
+            # Past L1 (.cg): other programs of this launch wrote them, and L1 is not coherent across SMs.
+            j = tl.arange(0, BLOCK_B)
+            block_sums = tl.load(blocks + j, mask=j < tl.cdiv(vocab, BLOCK_V), other=0, cache_modifier=".cg")
+            token = draw_token(block_sums, row_ptr, q_row_ptr, True, -1, tl.load(seeds_ptr + b),
+                               tl.load(sample_int + 1), vocab, *params, True, HAS_TOP_P, BLOCK_V, BLOCK_B)
             tl.store(out_ptr + b.to(tl.int64) * width + step, token)
             if RETURN_LOGPROBS:
                 t = token + tl.arange(0, 1)

@@ -48,14 +48,14 @@ def _step_stats(part_max_ptr, part_arg_ptr, part_approx_ptr, slots, reachable, n
 
 
 # Grid (batch,). Program b screens request b and marks the steps whose exact normaliser
-# the decisions need, always a range: marked[b] = (first step, number of steps); resume[b] is the step decide_kernel starts
-# from (-1: the screen emitted everything). Greedy requests are settled here from the
-# argmax; requests with top-k, top-p or log-probabilities need every step exactly.
-# Plain random requests: surely accepted steps are emitted here; the first other step
-# (rejection, unsettled test or bonus) is marked, and after an unsettled test every later
-# step too. ALL_GREEDY: the caller promised every request is greedy (no log-probabilities):
-# the screen finishes the batch. Bytes: one logit and one draft prob per step, the partials
-# of every step.
+# the decisions need, always a range: marked[b] = (first step, number of steps); resume[b]
+# is the step decide_kernel starts from (-1: the screen emitted everything). Greedy
+# requests are settled here from the argmax; requests with top-k, top-p or
+# log-probabilities need every step exactly. Plain random requests: surely accepted steps
+# are emitted here; the first other step (rejection, unsettled test or bonus) is marked,
+# and after an unsettled test every later step too. ALL_GREEDY: the caller promised every
+# request is greedy (no log-probabilities): the screen finishes the batch. Bytes: one logit
+# and one draft prob per step, the partials of every step.
 @triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "num_splits"])
 def screen_kernel(
     out_ptr,  # [batch, width] int32
