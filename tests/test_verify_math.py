@@ -1,5 +1,5 @@
 """The Triton verify kernels' exp and log (triton_kernels/verify_math.py) equal the
-reference's (reference/repro_math.py) bit for bit, over a sweep of arguments that crosses
+reference's (reference/repro_math.py) bit for bit, and fixed_exp equals floor(exp 2^40), over a sweep of arguments that crosses
 every binade the kernels meet, the 2^-125 flush, 0, -inf and NaN (CPU under the
 interpreter; the GPU with fused multiply-adds off, as the kernels are launched)."""
 
@@ -19,16 +19,18 @@ if triton_available():
     import triton
     import triton.language as tl
 
+    from specops.triton_kernels.verify_math import fixed_exp as triton_fixed_exp
     from specops.triton_kernels.verify_math import repro_exp as triton_exp
     from specops.triton_kernels.verify_math import repro_log as triton_log
 
     @triton.jit
-    def _exp_log_kernel(exp_ptr, log_ptr, x_ptr, n, BLOCK: tl.constexpr):
+    def _exp_log_kernel(exp_ptr, log_ptr, fixed_ptr, x_ptr, n, BLOCK: tl.constexpr):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = i < n
         x = tl.load(x_ptr + i, mask=mask, other=0.0)
         tl.store(exp_ptr + i, triton_exp(x), mask=mask)
         tl.store(log_ptr + i, triton_log(tl.abs(x)), mask=mask)
+        tl.store(fixed_ptr + i, triton_fixed_exp(x), mask=mask)
 
 
 def _arguments() -> torch.Tensor:
@@ -47,12 +49,18 @@ def test_triton_exp_and_log_equal_the_reference_bit_for_bit(device):
     n = x.numel()
     exp_out = torch.full((n,), float("nan"), device=device)  # poisoned: every entry written
     log_out = torch.full((n,), float("nan"), device=device)
-    _exp_log_kernel[(triton.cdiv(n, 1024),)](exp_out, log_out, x.to(device), n, BLOCK=1024,
+    fixed_out = torch.full((n,), -1, dtype=torch.int64, device=device)
+    _exp_log_kernel[(triton.cdiv(n, 1024),)](exp_out, log_out, fixed_out, x.to(device), n, BLOCK=1024,
                                              enable_fp_fusion=False)
     finite = torch.isfinite(x)
     expected_exp = repro_exp(x)
     assert torch.equal(exp_out.cpu()[finite].view(torch.int32), expected_exp[finite].view(torch.int32))
     assert exp_out.cpu()[x == float("-inf")].eq(0).all()
+    # fixed_exp (the exact normaliser's terms): floor(repro_exp(x) 2^40), x <= 0 or -inf.
+    at_most_0 = ~torch.isnan(x)
+    expected_fixed = torch.floor(repro_exp(x[at_most_0]) * 2.0**40).to(torch.int64)
+    assert torch.equal(fixed_out.cpu()[at_most_0], expected_fixed)
+    assert (expected_fixed > 0).sum() > 1000 and (expected_fixed == 0).sum() > 100  # both sides of the flush
     normal = finite & (x.abs() >= torch.finfo(torch.float32).tiny)
     expected_log = repro_log(x.abs()[normal])
     assert torch.equal(log_out.cpu()[normal].view(torch.int32), expected_log.view(torch.int32))

@@ -57,8 +57,9 @@ SUM_WARPS = 4
 RESIDUAL_WARPS = 8
 # The exact normaliser and the residual masses run about one row per request: their splits
 # are sized to fill one wave of resident programs without starting a second one
-# (register-bound: 56 registers a thread at 4 warps allow 9 normaliser programs per SM;
-# the residual pass at 8 warps is capped at 64 for 4: uncapped, its draw tail takes 80,
+# (register-bound: 48 registers a thread at 4 warps allow 10 normaliser programs per SM;
+# 9 is kept: a sweep of 6-16 found none better at both B = 64 and 256; the residual pass at
+# 8 warps is capped at 64 for 4: uncapped, its draw tail takes 80,
 # which allows 3; capped, ptxas spills at most one register, outside the loop: sm_90,
 # Triton 3.6).
 SUM_RESIDENT = 9

@@ -391,7 +391,7 @@ def fixed_sum_kernel(
     first = tl.load(marked_ptr + b * 2)
     i = tl.minimum(first + j, width - 1)  # j < the number marked: a reachable step
     slot = b * width + i
-    row_ptr, _start, count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
+    row_ptr, _start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
     temperature, uses_top_k, top_k, uses_top_p, top_p = request_params(
         b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)
     active = j < tl.load(marked_ptr + b * 2 + 1)
