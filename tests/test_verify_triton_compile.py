@@ -29,7 +29,7 @@ SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_ro
            "batch"}
 FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_LOGPROBS": True, "BLOCK_S": 64,
          "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64, "MASS_BLOCK": 128, "GROUP": 16, "BLOCK_G": 64,
-         "PROPOSAL_ROUND": 4}
+         "PROPOSAL_ROUND": 4, "PDL": False}
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 CASES = [
@@ -81,6 +81,24 @@ def test_compiles_for_sm90_with_exact_arithmetic(name, fn, constexprs, approxima
         assert not re.search(r"div\.(full|approx)\.f32", ptx), f"{name}: an approximate division"
     if name in ("decide", "decide, no draft probs", "fixed sum", "residual sample"):
         assert re.search(r"div\.rn\.f32", ptx), f"{name}: its exact steps must divide with div.rn"
+
+
+@pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
+@pytest.mark.parametrize("name,fn,constexprs,approximate", CASES, ids=[c[0] for c in CASES])
+def test_chained_launch_waits_first(name, fn, constexprs, approximate):
+    """PDL=True (verify.py on sm_90+): every launch after the max pass waits for the one
+    before (griddepcontrol.wait) before its first global read, and lets the next be
+    scheduled; the max pass, launched plainly, only lets the next be scheduled."""
+    ptx = _ptx(fn, {**constexprs, "PDL": True})
+    assert "griddepcontrol.launch_dependents" in ptx, f"{name}: the next launch is never released"
+    if fn is verify_rows.row_max_kernel:
+        assert "griddepcontrol.wait" not in ptx
+        return
+    wait = ptx.find("griddepcontrol.wait")
+    assert wait >= 0, f"{name}: no wait for the launch before"
+    first_read = re.search(r"ld\.global", ptx)
+    assert first_read is None or first_read.start() > wait, f"{name}: a global read before the wait"
+    assert "griddepcontrol" not in _ptx(fn, constexprs), f"{name}: PDL code without PDL=True"
 
 
 @pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")

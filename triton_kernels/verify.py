@@ -25,6 +25,9 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
    count) draws the token from them in the same launch (verify_sample.py). The other
    requests' programs exit at once.
 With no temperature (every request greedy) and no log-probabilities, launches 1 and 3 only.
+On sm_90+ every launch after the first is a programmatic dependent launch: scheduled while
+the one before finishes, each of its programs waits for that one first
+(verify_math.chain_launch).
 Bytes, plain random requests: each reachable logit row once, plus, per request, the
 sampled row once more for its exact normaliser (which needs the row max first, see
 verify_rows.py), one block of it per proposal and, at a rejection with draft probs that no
@@ -39,6 +42,7 @@ import functools
 import torch
 import triton
 
+from .launch import has_pdl
 from .verify_decide import decide_kernel
 from .verify_rows import (
     NUM_CANDIDATES,
@@ -78,6 +82,9 @@ PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the 
 DECIDE_WARPS = 8
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
 PROGRAMS_PER_SM = 4
+# Programmatic dependent launch of each launch after the first (sm_90+): it is scheduled
+# while the one before finishes and waits in its first instruction (verify_math.chain_launch).
+PDL = True
 CPU_NUM_SMS = 4  # the interpreter has no SMs; a small fixed count still exercises splits
 
 
@@ -172,11 +179,14 @@ def verify(
     params = (temperature_arg, top_k_arg, top_p_arg)
     sizes = (num_tokens, vocab, width, split_len)
     grid = (num_slots, num_splits)
-    exact = {"enable_fp_fusion": False}
+    pdl = bool(PDL) and has_pdl(device)
+    # Every launch after the first: bit for bit the reference (no contracted multiply-add)
+    # and, on sm_90+, chained by programmatic dependent launch.
+    exact = {"enable_fp_fusion": False, "PDL": pdl, "launch_pdl": pdl}
 
     part_approx = empty(num_slots, num_splits, dtype=torch.float32)
     row_max_kernel[grid](part_max, part_arg, part_approx, *rows, temperature_arg, *sizes, ALL_GREEDY=greedy_only,
-                         BLOCK_V=BLOCK_V, num_warps=NUM_WARPS,
+                         BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, PDL=pdl,
                          maxnreg=REGISTERS_PER_SM // (ROW_MAX_RESIDENT * NUM_WARPS * 32) // 8 * 8)
     flags = {"HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_S": block_s}
     # Powers of two: the smaller blocks divide every split (a multiple of BLOCK_V).

@@ -10,6 +10,7 @@ import triton.language as tl
 
 from .verify_math import (
     TOP_P_SCALE,
+    chain_launch,
     load_logits,
     log_prob,
     philox_words,
@@ -77,7 +78,9 @@ def decide_kernel(
     GROUP: tl.constexpr,  # block sums per group of the proposals' search (a power of two)
     BLOCK_G: tl.constexpr,  # a power of two with GROUP * BLOCK_G >= the number of blocks
     PROPOSAL_ROUND: tl.constexpr,  # residual proposals tried at a time (divides RESIDUAL_PROPOSALS)
+    PDL: tl.constexpr = False,
 ):
+    chain_launch(PDL)
     b = tl.program_id(0)
     num_slots = tl.num_programs(0) * width
     temperature, uses_top_k, top_k, uses_top_p, top_p = request_params(

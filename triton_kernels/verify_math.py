@@ -22,6 +22,18 @@ PURPOSE_PROPOSE = tl.constexpr(2)  # reference/philox.py
 
 
 @triton.jit
+def chain_launch(PDL: tl.constexpr, WAITS: tl.constexpr = True):
+    """Programmatic dependent launch (sm_90+), when PDL: the next launch of the chain may be
+    scheduled now, and (WAITS) this one waits here until the launch before it has finished
+    and its writes are visible. Every program of a PDL launch calls it first, before any
+    read and before any early exit, so each launch still finishes after the one before it."""
+    if PDL:
+        if WAITS:
+            tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def philox(c0, c1, c2, c3, k0, k1):
     """Philox4x32-10 on uint32 tensors; returns the four output words."""
     for r in tl.static_range(10):

@@ -27,6 +27,7 @@ from .verify_math import (
     INDEX_MAX,
     MASS_SCALE,
     TOP_P_SCALE,
+    chain_launch,
     fixed_weights,
     from_order_key,
     load_logits,
@@ -210,7 +211,9 @@ def row_max_kernel(
     split_len,  # a multiple of BLOCK_V
     ALL_GREEDY: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    chain_launch(PDL, WAITS=False)  # the chain's first launch: a plain one
     slot = tl.program_id(0)
     split = tl.program_id(1)
     b = slot // width
@@ -290,7 +293,9 @@ def threshold_search_kernel(
     HAS_TOP_P: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    chain_launch(PDL)
     slot = tl.program_id(0)
     split = tl.program_id(1)
     num_slots = tl.num_programs(0)
@@ -381,7 +386,9 @@ def fixed_sum_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     MASS_BLOCK: tl.constexpr,  # divides BLOCK_V: entries per stored block sum
+    PDL: tl.constexpr = False,
 ):
+    chain_launch(PDL)
     program = tl.program_id(0)
     num_splits = tl.cdiv(vocab, split_len)
     split = program % num_splits

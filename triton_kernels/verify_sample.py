@@ -24,6 +24,7 @@ from .verify_math import (
     FIXED_SCALE,
     PURPOSE_PROPOSE,
     RESIDUAL_PROPOSALS,
+    chain_launch,
     load_logits,
     log_prob,
     mulhi64,
@@ -177,7 +178,9 @@ def residual_sample_kernel(
     RETURN_LOGPROBS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_B: tl.constexpr,  # >= the number of blocks
+    PDL: tl.constexpr = False,
 ):
+    chain_launch(PDL)
     b = tl.program_id(0)
     split = tl.program_id(1)
     sample_int = sample_int_ptr + b.to(tl.int64) * SAMPLE_INTS

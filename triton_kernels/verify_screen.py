@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .ragged import draft_range
-from .verify_math import INDEX_MAX, TOP_P_SCALE, load_logits, philox_words, weights
+from .verify_math import INDEX_MAX, TOP_P_SCALE, chain_launch, load_logits, philox_words, weights
 from .verify_rows import request_params
 
 MARGIN = tl.constexpr(0.001953125)  # 2^-9: the screen's relative band around p'(x)
@@ -86,7 +86,9 @@ def screen_kernel(
     ALL_GREEDY: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    chain_launch(PDL)
     b = tl.program_id(0)
     if ALL_GREEDY:  # the caller's promise: no per-request parameter is read
         temperature, uses_top_k, uses_top_p = 0.0, False, False
