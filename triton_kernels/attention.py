@@ -4,7 +4,9 @@ paged_attention packs a sequence's query rows and its GQA group into one tile (B
 ROWS query rows x GROUP heads, padded), so each KV head of a sequence is read once for up
 to ROWS query rows: verify moves decode's bytes. When the B x Hkv programs cannot fill the
 GPU, each sequence's key range is split among NUM_SPLITS programs that write normalised
-partial outputs and their LSE to a workspace; a second kernel merges them exactly. Every
+partial outputs and their LSE to a workspace; a second kernel merges them exactly (on sm_90+
+a programmatic dependent launch: scheduled as the split programs finish, it waits for
+them in its first instruction). Every
 launch parameter (tiles, splits, workspace size) is a function of tensor shapes (and of the
 caller's host-side max_query_len hint) only, never of seq_lens or cu_query_lens values: no
 device sync, so a call can be captured in a CUDA graph. A sequence with more query rows than
@@ -21,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .attention_plan import AttentionLaunch, multiprocessor_count, plan_paged_attention
+from .launch import has_pdl
 
 
 # Grid (N, Hkv). Program (i, h) copies token i's key and value for KV head h into slot
@@ -176,6 +179,7 @@ def _paged_attention_kernel(
     WRITE_LSE: tl.constexpr,
     IEEE: tl.constexpr,
     PIPELINE: tl.constexpr,
+    PDL: tl.constexpr = False,  # programmatic dependent launch of the merge kernel (sm_90+)
 ):
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
     b = tl.program_id(0) // NUM_KV_HEADS
@@ -246,12 +250,14 @@ def _paged_attention_kernel(
             tl.store(out_ptr + partial_rows[:, None] * HEAD_DIM + d[None, :], out, mask=out_mask)
             tl.store(lse_ptr + partial_rows, lse, mask=row_valid)
         chunk += ROWS
+    if PDL:  # this program's partials are stored: the merge launch may be scheduled
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 # Grid (Tq, Hq). Program (i, hq) merges the NUM_SPLITS partial outputs of query row i, head
 # hq, weighting each by exp(its LSE - the largest): exact up to float32 rounding; splits
-# that saw no key (LSE -inf) weigh 0 and are not read. Bytes: NUM_SPLITS float32 partials
-# (those with weight > 0) and LSEs in, one output row (and LSE) out.
+# that saw no key (LSE -inf, partial 0) weigh 0. Bytes: NUM_SPLITS float32 partials and
+# LSEs in (from L2), one output row (and LSE) out.
 @triton.jit(do_not_specialize=["num_query_tokens"])
 def _merge_splits_kernel(
     out_ptr,  # [Tq, Hq, D] dtype of query
@@ -265,7 +271,10 @@ def _merge_splits_kernel(
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # every program waits until the attention launch has finished and its writes are visible
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64) * NUM_HEADS + tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
@@ -273,10 +282,12 @@ def _merge_splits_kernel(
     split_lse = tl.load(partial_lse_ptr + partial_rows, mask=s < NUM_SPLITS, other=float("-inf"))
     m = tl.max(split_lse, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
+    # The partials load beside the LSEs, not after them: a split that saw no key wrote 0
+    # and weighs 0 (one L2 round trip less than reading only the splits of weight > 0).
+    mask = (s < NUM_SPLITS)[:, None] & (d[None, :] < HEAD_DIM)
+    partial = tl.load(partial_out_ptr + partial_rows[:, None] * HEAD_DIM + d[None, :], mask=mask, other=0.0)
     weight = tl.exp(split_lse - m_safe)  # 0 for splits that saw no key
     total = tl.sum(weight, axis=0)
-    mask = (weight > 0.0)[:, None] & (d[None, :] < HEAD_DIM)
-    partial = tl.load(partial_out_ptr + partial_rows[:, None] * HEAD_DIM + d[None, :], mask=mask, other=0.0)
     out = tl.sum(partial * weight[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
     tl.store(out_ptr + row * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
     if WRITE_LSE:
@@ -314,19 +325,20 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
     else:
         kernel_out, kernel_lse = out, (lse if return_lse else out)
     block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K >= 16
+    pdl = splits > 1 and has_pdl(query.device)
     _paged_attention_kernel[(batch * num_kv_heads, splits)](
         kernel_out, kernel_lse, query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
         scale, soft_cap if soft_cap > 0 else 1.0, sliding_window, num_blocks, max_blocks, num_query_tokens,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, ROWS=launch.rows, NUM_SPLITS=splits,
         HAS_SOFT_CAP=soft_cap > 0, HAS_WINDOW=sliding_window > 0, WRITE_LSE=return_lse,
-        IEEE=query.dtype == torch.float32, PIPELINE=os.environ.get("TRITON_INTERPRET") != "1",
+        IEEE=query.dtype == torch.float32, PIPELINE=os.environ.get("TRITON_INTERPRET") != "1", PDL=pdl,
         num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
     if splits > 1:
         _merge_splits_kernel[(num_query_tokens, num_heads)](
             out, lse if return_lse else out, kernel_out, kernel_lse, num_query_tokens,
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=splits,
-            BLOCK_S=triton.next_power_of_2(splits), WRITE_LSE=return_lse, num_warps=4,
+            BLOCK_S=triton.next_power_of_2(splits), WRITE_LSE=return_lse, PDL=pdl, launch_pdl=pdl, num_warps=4,
         )
     return out, lse
