@@ -46,6 +46,25 @@ def time_us(fn: Callable[[], object], device: torch.device, warmup: int = 10, it
     return statistics.median(start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends))
 
 
+def queued_time_us(fn: Callable[[], object], device: torch.device, warmup: int = 10, iters: int = 50) -> float:
+    """Median GPU time of one call of ``fn`` in microseconds, with the GPU queue kept ahead of
+    the host: a ~10 ms sleep kernel first, so every call is submitted before the GPU reaches
+    it and no interval includes a wait on the host (time_us's intervals do, when the GPU runs
+    dry: the B = 1 rows, bench/NOTES.md)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    torch.cuda._sleep(20_000_000)
+    for start, end in zip(starts, ends):
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends))
+
+
 def copy_bandwidth_tbs(device: torch.device) -> float:
     """Device-to-device copy bandwidth, bytes read + written, in TB/s (median of 10).
 

@@ -12,6 +12,7 @@ timed beside them when it is built.
     python3 bench/sweep_attention.py                       # the default shapes, launch grid
     python3 bench/sweep_attention.py --shape 32,1024,5,32,8,64 --out $OUT
     python3 bench/sweep_attention.py --grid plan --kernels old_attention.py   # A/B kernel files
+    python3 bench/sweep_attention.py --grid plan --shape 1,4096,1,32,8,128 --queued   # GPU time
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def label(launch: AttentionLaunch) -> str:
     return f"N={launch.block_n} w={launch.num_warps} st={launch.num_stages} sp={launch.num_splits}"
 
 
-def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files) -> list[dict]:
+def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files, timer=common.time_us) -> list[dict]:
     B, L, q_len, Hq, Hkv, D = shape
     args = inputs(*shape, device)
     planned = plan_paged_attention(B * q_len, B, Hq, Hkv, D, args[3].shape[1] * BLOCK_SIZE,
@@ -116,7 +117,7 @@ def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files) -> list[d
     times = {name: [] for name in replays}
     for _ in range(ROUNDS):
         for name, replay in replays.items():
-            times[name].append(common.time_us(replay, device, iters=iters))
+            times[name].append(timer(replay, device, iters=iters))
     floor_us = floor_bytes / copy_bw_tbs / 1e6
     rows = [{"B": B, "L": L, "q_len": q_len, "Hq": Hq, "Hkv": Hkv, "D": D, "what": name,
              "us": round(statistics.median(ts), 2), "rounds_us": [round(t, 2) for t in ts],
@@ -138,6 +139,8 @@ def main() -> None:
     parser.add_argument("--kernels", action="append", default=[],
                         help="another version of triton_kernels/attention.py to time at its plan (repeatable)")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--queued", action="store_true",
+                        help="GPU time with the queue kept ahead of the host (common.queued_time_us)")
     parser.add_argument("--out", default=None, help="folder for sweep-attention.json")
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -145,7 +148,8 @@ def main() -> None:
     kernel_files = {path: load_kernel_file(path) for path in args.kernels}
     rows = []
     for shape in args.shape or DEFAULT_SHAPES:
-        rows += sweep_shape(shape, device, env["copy_bw_tbs"], args.iters, args.grid, kernel_files)
+        rows += sweep_shape(shape, device, env["copy_bw_tbs"], args.iters, args.grid, kernel_files,
+                            common.queued_time_us if args.queued else common.time_us)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "sweep-attention.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
