@@ -24,8 +24,14 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def time_us(fn: Callable[[], object], device: torch.device, warmup: int = 10, iters: int = 50) -> float:
-    """Median wall time of one call of ``fn`` in microseconds."""
+def time_us(fn: Callable[[], object], device: torch.device, warmup: int = 10, iters: int = 50,
+            queued: bool = False) -> float:
+    """Median wall time of one call of ``fn`` in microseconds (CUDA: events around each call).
+
+    ``queued`` (CUDA): a ~10 ms sleep kernel first keeps the GPU queue ahead of the host, so
+    every call is submitted before the GPU reaches it and no interval includes a wait on the
+    host; without it an interval does when the GPU runs dry (the B = 1 rows, bench/NOTES.md).
+    """
     for _ in range(warmup):
         fn()
     if device.type != "cuda":
@@ -38,25 +44,8 @@ def time_us(fn: Callable[[], object], device: torch.device, warmup: int = 10, it
     torch.cuda.synchronize(device)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for start, end in zip(starts, ends):
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize(device)
-    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends))
-
-
-def queued_time_us(fn: Callable[[], object], device: torch.device, warmup: int = 10, iters: int = 50) -> float:
-    """Median GPU time of one call of ``fn`` in microseconds, with the GPU queue kept ahead of
-    the host: a ~10 ms sleep kernel first, so every call is submitted before the GPU reaches
-    it and no interval includes a wait on the host (time_us's intervals do, when the GPU runs
-    dry: the B = 1 rows, bench/NOTES.md)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize(device)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    torch.cuda._sleep(20_000_000)
+    if queued:
+        torch.cuda._sleep(20_000_000)
     for start, end in zip(starts, ends):
         start.record()
         fn()

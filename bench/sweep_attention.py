@@ -18,6 +18,7 @@ timed beside them when it is built.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import itertools
 import json
@@ -140,7 +141,7 @@ def main() -> None:
                         help="another version of triton_kernels/attention.py to time at its plan (repeatable)")
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--queued", action="store_true",
-                        help="GPU time with the queue kept ahead of the host (common.queued_time_us)")
+                        help="GPU time with the queue kept ahead of the host (common.time_us queued=True)")
     parser.add_argument("--out", default=None, help="folder for sweep-attention.json")
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -149,7 +150,7 @@ def main() -> None:
     rows = []
     for shape in args.shape or DEFAULT_SHAPES:
         rows += sweep_shape(shape, device, env["copy_bw_tbs"], args.iters, args.grid, kernel_files,
-                            common.queued_time_us if args.queued else common.time_us)
+                            functools.partial(common.time_us, queued=args.queued))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "sweep-attention.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
