@@ -5,7 +5,7 @@ versions of the kernel file against each other at their planned launches.
 Each shape (B, L, q_len, Hq, Hkv, D; bf16, block 16, shuffled blocks, every sequence L
 keys) runs every candidate; each output is compared with the planned launch's (a candidate
 that differs by more than bf16 rounding is reported, not timed). Times are medians of
-CUDA-graph replays, ROUNDS rounds over the candidates in turn (the figure is the median of
+CUDA-graph replays, ROUNDS (--rounds) rounds over the candidates in turn (the figure is the median of
 the rounds), so a drift of the machine hits every candidate alike. The CUDA kernel is
 timed beside them when it is built.
 
@@ -36,6 +36,7 @@ from specops.triton_kernels.attention_plan import AttentionLaunch, multiprocesso
 
 BLOCK_SIZE = 16
 ROUNDS = 3
+LAUNCH_CHOICES = ("rows", "block_n", "warps", "stages", "splits")  # --rows 8,16 etc.
 # (B, L, q_len, Hq, Hkv, D): the engine's llama-1b verify step (issue 5), then the
 # ANCHORS.md attention shapes nearest their targets.
 DEFAULT_SHAPES = [(32, 1024, 5, 32, 8, 64), (32, 4096, 5, 32, 8, 64), (16, 4096, 5, 32, 8, 128),
@@ -55,15 +56,17 @@ def inputs(B, L, q_len, Hq, Hkv, D, device):
     return query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, D**-0.5
 
 
-def launch_grid(planned: AttentionLaunch, D: int) -> list[AttentionLaunch]:
-    """The plan, then its tile rows with every block_n / warps / stages / splits nearby."""
+def launch_grid(planned: AttentionLaunch, D: int, group: int, choices: dict) -> list[AttentionLaunch]:
+    """The plan, then the launches near it: every tile-row count in ``choices["rows"]`` (default:
+    the plan's) with every block_n / warps / stages / splits (``choices`` narrows each list)."""
     splits = sorted({1, 2, 3, 4, planned.num_splits, max(1, planned.num_splits // 2), planned.num_splits * 2})
+    options = {"rows": [planned.rows], "block_n": [32, 64, 128] if D <= 128 else [32, 64], "warps": [4, 8],
+               "stages": [2, 3, 4], "splits": [s for s in splits if s <= 32]}
+    options.update({name: values for name, values in choices.items() if values})
     found = [planned]
-    block_ns = [32, 64, 128] if D <= 128 else [32, 64]
-    for block_n, warps, stages, num_splits in itertools.product(block_ns, [4, 8], [2, 3, 4], splits):
-        if num_splits > 32:
-            continue
-        launch = AttentionLaunch(rows=planned.rows, block_m=planned.block_m, block_n=block_n, num_splits=num_splits,
+    for rows, block_n, warps, stages, num_splits in itertools.product(*options.values()):
+        block_m = max(16, 1 << (rows * group - 1).bit_length())
+        launch = AttentionLaunch(rows=rows, block_m=block_m, block_n=block_n, num_splits=num_splits,
                                  num_warps=warps, num_stages=stages)
         if launch not in found:
             found.append(launch)
@@ -85,10 +88,11 @@ def load_kernel_file(path: str):
 
 
 def label(launch: AttentionLaunch) -> str:
-    return f"N={launch.block_n} w={launch.num_warps} st={launch.num_stages} sp={launch.num_splits}"
+    return f"M={launch.block_m} N={launch.block_n} w={launch.num_warps} st={launch.num_stages} sp={launch.num_splits}"
 
 
-def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files, timer=common.time_us) -> list[dict]:
+def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files, timer=common.time_us, choices=None,
+                rounds=ROUNDS) -> list[dict]:
     B, L, q_len, Hq, Hkv, D = shape
     args = inputs(*shape, device)
     planned = plan_paged_attention(B * q_len, B, Hq, Hkv, D, args[3].shape[1] * BLOCK_SIZE,
@@ -98,7 +102,7 @@ def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files, timer=com
     # name -> callable: this tree's kernel at each launch, other kernel files at the plan,
     # the CUDA kernel at its own plan.
     calls = {}
-    for launch in launch_grid(planned, D) if grid == "launches" else [planned]:
+    for launch in launch_grid(planned, D, Hq // Hkv, choices or {}) if grid == "launches" else [planned]:
         calls["this " + label(launch)] = (
             lambda launch=launch: kernels.paged_attention(*args, max_query_len=q_len, launch=launch))
     for path, module in kernel_files.items():
@@ -116,7 +120,7 @@ def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files, timer=com
             print(f"  {name}: {type(error).__name__}: {str(error)[:120]}")
             torch.cuda.synchronize()
     times = {name: [] for name in replays}
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for name, replay in replays.items():
             times[name].append(timer(replay, device, iters=iters))
     floor_us = floor_bytes / copy_bw_tbs / 1e6
@@ -139,7 +143,11 @@ def main() -> None:
                         help="launches: the plan and the launches near it; plan: the planned launch alone")
     parser.add_argument("--kernels", action="append", default=[],
                         help="another version of triton_kernels/attention.py to time at its plan (repeatable)")
+    for name in (name.replace("_", "-") for name in LAUNCH_CHOICES):
+        parser.add_argument(f"--{name}", type=lambda v: [int(x) for x in v.split(",")], default=None,
+                            help=f"launch grid: the {name.replace('-', '_')} values to try (default: around the plan)")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--queued", action="store_true",
                         help="GPU time with the queue kept ahead of the host (common.time_us queued=True)")
     parser.add_argument("--out", default=None, help="folder for sweep-attention.json")
@@ -150,7 +158,8 @@ def main() -> None:
     rows = []
     for shape in args.shape or DEFAULT_SHAPES:
         rows += sweep_shape(shape, device, env["copy_bw_tbs"], args.iters, args.grid, kernel_files,
-                            functools.partial(common.time_us, queued=args.queued))
+                            functools.partial(common.time_us, queued=args.queued),
+                            {name: getattr(args, name) for name in LAUNCH_CHOICES}, args.rounds)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "sweep-attention.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))

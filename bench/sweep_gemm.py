@@ -5,9 +5,11 @@ should use (bench/NOTES.md quotes the result).
 Forms: ``linear`` F.linear(x, W) with W [out, in] (nn.Linear's layout, the engine's now);
 ``kn`` x @ Wt with Wt [in, out] contiguous; ``autotune`` F.linear through
 torch.compile(mode="max-autotune-no-cudagraphs") (Triton GEMM templates searched against
-cuBLAS). Each form's output is compared with ``linear``'s.
+cuBLAS). Each form's output is compared with ``linear``'s. A graph holds ``--chain``
+calls back to back (as in a forward, where each launch follows the one before without a
+host round trip); the figure is a replay's time divided by the chain.
 
-    python3 bench/sweep_gemm.py [--rows 160] [--forms linear,kn,autotune]
+    python3 bench/sweep_gemm.py [--rows 160] [--forms linear,kn,autotune] [--chain 16]
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-
 from bench_verify import graph_time_us
 
 # name -> (in, out) of llama-1b (bench_e2e.LLAMA_1B)
@@ -28,12 +29,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=160)
     parser.add_argument("--forms", default="linear,kn,autotune")
+    parser.add_argument("--projections", default=",".join(PROJECTIONS))
+    parser.add_argument("--chain", type=int, default=1, help="calls a graph replays back to back")
     parser.add_argument("--iters", type=int, default=200)
     args = parser.parse_args()
     device = torch.device("cuda")
     forms = args.forms.split(",")
     autotuned = torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False)
-    for name, (k, n) in PROJECTIONS.items():
+    for name in args.projections.split(","):
+        k, n = PROJECTIONS[name]
         x = torch.randn(args.rows, k, device=device, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
         wt = w.t().contiguous()
@@ -44,7 +48,7 @@ def main() -> None:
         for form in forms:
             got = fns[form]().float()
             error = (got - expected).abs().max().item() / expected.abs().max().item()
-            us = graph_time_us(fns[form], device, args.iters)
+            us = graph_time_us(lambda fn=fns[form]: [fn() for _ in range(args.chain)], device, args.iters) / args.chain
             line += f"  {form} {us:7.1f} us (rel err {error:.1e})"
         print(line, flush=True)
 
