@@ -206,6 +206,19 @@ def test_plan_with_max_query_len_hint():
     assert plan_paged_attention(1, 1, 32, 8, 128, 4096, 132).block_n == 128  # split decode
     small_heads = plan_paged_attention(160, 32, 32, 8, 64, 1040, 132, max_query_len=5)  # head dim 64
     assert (small_heads.block_n, small_heads.num_stages) == (128, 3)
+    # 32-row tiles at head dim 128 over 70-100% of the SMs (B=12..16): an SM each, not split,
+    # 128-key tiles three deep; 16-bit caches only (float32 tiles would not fit)
+    for batch in (12, 16):
+        alone = plan_paged_attention(5 * batch, batch, 32, 8, 128, 4096, 132, max_query_len=5)
+        assert (alone.block_m, alone.num_splits, alone.block_n, alone.num_stages) == (32, 1, 128, 3)
+    split = plan_paged_attention(50, 10, 32, 8, 128, 4096, 132, max_query_len=5)  # 61% of the SMs
+    assert (split.num_splits, split.num_stages) == (3, 2)
+    wide_float = plan_paged_attention(80, 16, 32, 8, 128, 4096, 132, max_query_len=5, element_size=4)
+    assert (wide_float.num_splits, wide_float.num_stages) == (2, 2)
+    head_dim_64 = plan_paged_attention(80, 16, 32, 8, 64, 4096, 132, max_query_len=5)
+    assert (head_dim_64.num_splits, head_dim_64.num_stages) == (2, 3)
+    decode = plan_paged_attention(16, 16, 32, 8, 128, 4096, 132)
+    assert (decode.block_m, decode.num_splits, decode.block_n, decode.num_stages) == (16, 2, 128, 2)
 
 
 @pytest.mark.parametrize("device,backend", TRITON_PARAMS)
@@ -220,6 +233,16 @@ def test_launcher_max_query_len_below_and_above_the_truth(device, backend, hint)
     got = triton_attention.paged_attention(*{k: v.to(device) for k, v in inputs.items()}.values(), 0.2, 0, 0.0,
                                            True, hint)
     assert_matches_reference(inputs, [t.cpu() for t in got], 0.2)
+
+
+@pytest.mark.parametrize("device,backend", TRITON_PARAMS)
+def test_launcher_rejects_a_tile_too_small_for_its_rows(device, backend):
+    """8 rows x a group of 3 in a 16-row tile: rows 6 and 7 of each pass would never be written."""
+    inputs = make_batch([9], [8], 6, 2, 16, 16, torch.float32, seed=24)
+    with pytest.raises(ValueError, match="block_m"):
+        run_launcher({k: v.to(device) for k, v in inputs.items()}, 0.25, 0, 0.0, forced(8, 16, 1))
+    got = run_launcher({k: v.to(device) for k, v in inputs.items()}, 0.25, 0, 0.0, forced(4, 16, 1))
+    assert_matches_reference(inputs, [t.cpu() for t in got], 0.25)
 
 
 def test_launch_rejects_bad_values():

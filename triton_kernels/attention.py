@@ -316,7 +316,11 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
     if launch is None:
         launch = plan_paged_attention(num_query_tokens, batch, num_heads, num_kv_heads, head_dim,
                                       max_blocks * block_size, multiprocessor_count(query.device),
-                                      max_query_len=max_query_len)
+                                      max_query_len=max_query_len, element_size=key_cache.element_size())
+    group = num_heads // num_kv_heads
+    if launch.rows * group > launch.block_m:  # the rows past the tile would be skipped, never written
+        raise ValueError(f"launch.block_m ({launch.block_m}) must hold launch.rows ({launch.rows}) x the GQA "
+                         f"group ({group})")
     splits = launch.num_splits
     if splits > 1:  # workspace sized from shapes alone: every (split, row, head) gets written
         kernel_out = torch.empty((splits, num_query_tokens, num_heads, head_dim), dtype=torch.float32,

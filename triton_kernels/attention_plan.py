@@ -64,12 +64,14 @@ def _floor_power_of_2(n: int) -> int:
 def plan_paged_attention(
     num_query_tokens: int, batch: int, num_heads: int, num_kv_heads: int, head_dim: int, max_context: int,
     num_multiprocessors: int, rows: int | None = None, num_splits: int | None = None, max_query_len: int = 0,
+    element_size: int = 2,
 ) -> AttentionLaunch:
     """The launch for these shapes; ``max_context`` is ``max_blocks x block_size`` (the
     longest sequence the block table can address). ``max_query_len`` is the longest query
     length in the batch if the caller knows it (0: unknown, plan for the worst case); it
     only sizes the tile rows: a sequence with more query rows than ``rows`` takes several
-    passes over its keys, so a wrong hint costs speed, never correctness. ``rows`` and
+    passes over its keys, so a wrong hint costs speed, never correctness. ``element_size``
+    is the bytes of one cache element (the deepest pipelines fit 16-bit tiles only). ``rows`` and
     ``num_splits`` override the planned values (tests force splits and multi-pass tiles
     on small shapes)."""
     group = num_heads // num_kv_heads
@@ -83,23 +85,32 @@ def plan_paged_attention(
         fit = _floor_power_of_2(MAX_TILE_ELEMENTS // (block_d * group))
         rows = min(triton.next_power_of_2(longest), MAX_ROWS, fit)
     block_m = max(16, triton.next_power_of_2(rows * group))
+    programs = batch * num_kv_heads
+    # 32-row tiles at head dim 128 of a grid near one program an SM (from 70% of the SMs):
+    # not split, each program an SM and a deeper pipeline of its own (bf16: 2 x 64 KB of K
+    # and V in flight), no merge. H100, L=4096 verify: B=16 99.3 µs against 102.8 at 2
+    # splits, B=14 90.4 against 92.7, B=12 83.3 against 84.3; at B=10 (61% of the SMs) and at
+    # head dim 64 (two programs an SM) splitting wins (bench/NOTES.md).
+    alone = (block_m == 32 and 64 < block_d <= 128 and element_size <= 2
+             and 10 * programs >= 7 * num_multiprocessors and programs <= num_multiprocessors)
     if num_splits is None:
         num_splits = 1
-        programs = batch * num_kv_heads
-        if programs < num_multiprocessors:
+        if programs < num_multiprocessors and not alone:
             # Rounded down: a wide tile's program holds a whole SM's shared memory, so a grid
             # just over the SM count runs an extra, mostly idle wave (H100: B=16 verify 104 µs
             # at 2 splits, 122 at 3).
             wanted = PROGRAMS_PER_MULTIPROCESSOR * num_multiprocessors // programs
             num_splits = max(1, min(wanted, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    alone = alone and num_splits == 1
     # Keys per step (H100 sweep over the ANCHORS shapes, bench/NOTES.md): 128-key tiles, two
     # stages deep, where the tile has 32 rows (verify: 8 rows x a GQA group of 4) or the
     # sequence is split (small batches); 64-key tiles, three deep, for a 16-row decode tile
     # over whole sequences and for 64-row tiles. K and V tiles x stages stay <= 128 KB (bf16):
-    # wide tiles go three deep at head dim <= 64 (B=32 L=1024 D=64 verify: 33.4 µs vs 38.3).
+    # wide tiles go three deep at head dim <= 64 (B=32 L=1024 D=64 verify: 33.4 µs vs 38.3)
+    # and where a program has an SM to itself (above).
     wide = block_d <= 128 and (block_m == 32 or (num_splits > 1 and block_m <= 32))
     if wide:
-        block_n, num_stages = 128, 2 if block_d > 64 else 3
+        block_n, num_stages = 128, 3 if block_d <= 64 or alone else 2
     elif block_d <= 128:
         block_n, num_stages = 64, 3
     else:
