@@ -75,9 +75,8 @@ def launch_grid(planned: AttentionLaunch, D: int, group: int, choices: dict) -> 
 
 def load_kernel_file(path: str):
     """Another version of triton_kernels/attention.py as a module of its own (its relative
-    import made absolute; written beside the original, since triton.jit reads the source)."""
-    source = Path(path).read_text().replace("from .attention_plan import",
-                                            "from specops.triton_kernels.attention_plan import")
+    imports made absolute; written beside the original, since triton.jit reads the source)."""
+    source = Path(path).read_text().replace("from .", "from specops.triton_kernels.")
     name = f"sweep_kernel_{Path(path).stem}"
     copy = Path(tempfile.gettempdir()) / f"{name}.py"
     copy.write_text(source)

@@ -25,6 +25,11 @@ import triton.language as tl
 from .attention_plan import AttentionLaunch, multiprocessor_count, plan_paged_attention
 from .launch import has_pdl
 
+# Prefetch into L1 the block table's first entries at a program's start (compiled kernels):
+# one DRAM round trip off the chain lengths -> block ids -> first K/V tile (H100: B=64
+# L=1024 decode 97.1 -> 96.8 µs, B=128 186.3 -> 185.6, B=32 L=1024 D=64 verify 31.9 -> 31.7).
+PREFETCH_TABLE = True
+
 
 # Grid (N, Hkv). Program (i, h) copies token i's key and value for KV head h into slot
 # slot_mapping[i] (skipped when -1 or outside the cache). Bytes: 4 D elements per program.
@@ -77,6 +82,13 @@ def _exp2(x, FAST: tl.constexpr):
                                          is_pure=True, pack=1)
     else:
         return tl.exp2(x)
+
+
+@triton.jit
+def _prefetch_l1(pointer):
+    """Bring the line at ``pointer`` into L1 (a later load of it hits there); no result."""
+    tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [pointer], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -180,6 +192,7 @@ def _paged_attention_kernel(
     IEEE: tl.constexpr,
     PIPELINE: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch of the merge kernel (sm_90+)
+    PREFETCH_TABLE: tl.constexpr = False,
 ):
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
     b = tl.program_id(0) // NUM_KV_HEADS
@@ -191,6 +204,11 @@ def _paged_attention_kernel(
     q_len = end - start
     seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), max_blocks * BLOCK_SIZE)
     table_row_ptr = block_table_ptr + b.to(tl.int64) * max_blocks
+    if PREFETCH_TABLE and (NUM_SPLITS == 1) and not HAS_WINDOW:
+        # The first tile's block ids (tile 0 without splits or a window) while the lengths
+        # load: the address needs no load, so the first tile's table read hits L1.
+        if max_blocks > 0:
+            _prefetch_l1(table_row_ptr)
     r = tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     head = h * GROUP + r % GROUP
@@ -337,6 +355,7 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, ROWS=launch.rows, NUM_SPLITS=splits,
         HAS_SOFT_CAP=soft_cap > 0, HAS_WINDOW=sliding_window > 0, WRITE_LSE=return_lse,
         IEEE=query.dtype == torch.float32, PIPELINE=os.environ.get("TRITON_INTERPRET") != "1", PDL=pdl,
+        PREFETCH_TABLE=PREFETCH_TABLE and query.is_cuda,
         num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
     if splits > 1:
