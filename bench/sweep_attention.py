@@ -43,13 +43,17 @@ DEFAULT_SHAPES = [(32, 1024, 5, 32, 8, 64), (32, 4096, 5, 32, 8, 64), (16, 4096,
                   (64, 1024, 1, 32, 8, 128), (1, 4096, 1, 32, 8, 128), (64, 4096, 5, 32, 8, 128)]
 
 
-def inputs(B, L, q_len, Hq, Hkv, D, device):
+def inputs(B, L, q_len, Hq, Hkv, D, device, contiguous=False):
+    """bf16 inputs; each sequence's blocks shuffled over the cache, or (``contiguous``) in
+    order, sequence after sequence, as an engine's allocator hands them out."""
     g = torch.Generator(device=device).manual_seed(0)
     blocks = -(-L // BLOCK_SIZE)
     cache_shape = (B * blocks, BLOCK_SIZE, Hkv, D)
     key_cache = torch.randn(cache_shape, generator=g, device=device).to(torch.bfloat16)
     value_cache = torch.randn(cache_shape, generator=g, device=device).to(torch.bfloat16)
-    block_table = torch.randperm(B * blocks, generator=g, device=device).view(B, blocks).to(torch.int32)
+    order = torch.arange(B * blocks, device=device) if contiguous else torch.randperm(B * blocks, generator=g,
+                                                                                     device=device)
+    block_table = order.view(B, blocks).to(torch.int32)
     seq_lens = torch.full((B,), L, dtype=torch.int32, device=device)
     cu_query_lens = (torch.arange(B + 1, device=device) * q_len).to(torch.int32)
     query = torch.randn(B * q_len, Hq, D, generator=g, device=device).to(torch.bfloat16)
@@ -91,9 +95,9 @@ def label(launch: AttentionLaunch) -> str:
 
 
 def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files, timer=common.time_us, choices=None,
-                rounds=ROUNDS) -> list[dict]:
+                rounds=ROUNDS, contiguous=False) -> list[dict]:
     B, L, q_len, Hq, Hkv, D = shape
-    args = inputs(*shape, device)
+    args = inputs(*shape, device, contiguous)
     planned = plan_paged_attention(B * q_len, B, Hq, Hkv, D, args[3].shape[1] * BLOCK_SIZE,
                                    multiprocessor_count(device), max_query_len=q_len)
     want = kernels.paged_attention(*args, max_query_len=q_len)[0].float()
@@ -147,6 +151,8 @@ def main() -> None:
                             help=f"launch grid: the {name.replace('-', '_')} values to try (default: around the plan)")
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--contiguous", action="store_true",
+                        help="each sequence's cache blocks in order (default: shuffled over the cache)")
     parser.add_argument("--queued", action="store_true",
                         help="GPU time with the queue kept ahead of the host (common.time_us queued=True)")
     parser.add_argument("--out", default=None, help="folder for sweep-attention.json")
@@ -158,7 +164,7 @@ def main() -> None:
     for shape in args.shape or DEFAULT_SHAPES:
         rows += sweep_shape(shape, device, env["copy_bw_tbs"], args.iters, args.grid, kernel_files,
                             functools.partial(common.time_us, queued=args.queued),
-                            {name: getattr(args, name) for name in LAUNCH_CHOICES}, args.rounds)
+                            {name: getattr(args, name) for name in LAUNCH_CHOICES}, args.rounds, args.contiguous)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "sweep-attention.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
