@@ -6,17 +6,12 @@ a fresh process without the interpreter (as tests/test_verify_triton_compile.py)
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import triton
 from specops.triton_kernels import attention
 from triton.backends.compiler import GPUTarget
+from uninterpreted import INTERPRETED, rerun_without_interpreter
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 POINTERS = {"out_ptr": "*bf16", "lse_ptr": "*fp32", "query_ptr": "*bf16", "key_cache_ptr": "*bf16",
             "value_cache_ptr": "*bf16", "block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "cu_query_lens_ptr": "*i32"}
 DECODE = {"NUM_HEADS": 32, "NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_SIZE": 16, "BLOCK_M": 16,
@@ -51,8 +46,4 @@ def test_no_prefetch_where_the_first_tile_is_not_tile_0(constexprs):
 
 @pytest.mark.skipif(not INTERPRETED, reason="the compile tests above run in this process")
 def test_compiles_in_a_process_without_the_interpreter():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                            check=False, env=env,
-                            cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    rerun_without_interpreter(__file__)

@@ -9,16 +9,13 @@ the interpreter."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import triton
 from specops.triton_kernels import verify_decide, verify_rows, verify_sample, verify_screen
 from triton.backends.compiler import GPUTarget
+from uninterpreted import INTERPRETED, rerun_without_interpreter
 
 ROW_POINTERS = {"target_ptr": "*bf16", "bonus_ptr": "*bf16", "cu_ptr": "*i32", "part_arg_ptr": "*i32",
                 "draft_ptr": "*i64", "top_k_ptr": "*i32", "seeds_ptr": "*i64", "positions_ptr": "*i64",
@@ -31,7 +28,6 @@ FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_
          "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64, "MASS_BLOCK": 128, "GROUP": 16, "BLOCK_G": 64,
          "PROPOSAL_ROUND": 4, "PDL": False}
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 CASES = [
     ("row_max", verify_rows.row_max_kernel, {"ALL_GREEDY": False, "BLOCK_V": 2048}, True),
     ("row_max, all greedy", verify_rows.row_max_kernel, {"ALL_GREEDY": True, "BLOCK_V": 2048}, True),
@@ -120,8 +116,4 @@ def test_residual_draw_follows_every_programs_block_sums():
 
 @pytest.mark.skipif(not INTERPRETED, reason="the compile tests above run in this process")
 def test_compiles_in_a_process_without_the_interpreter():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                            check=False, env=env,
-                            cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    rerun_without_interpreter(__file__)
