@@ -3,13 +3,13 @@
 paged_attention packs a sequence's query rows and its GQA group into one tile (BLOCK_M =
 ROWS query rows x GROUP heads, padded), so each KV head of a sequence is read once for up
 to ROWS query rows: verify moves decode's bytes. When the B x Hkv programs cannot fill the
-GPU, each sequence's key range is split among NUM_SPLITS programs that write normalised
-partial outputs and their LSE to a workspace; a second kernel merges them exactly (on sm_90+
-a programmatic dependent launch: scheduled as the split programs finish, it waits for
-them in its first instruction). Every
-launch parameter (tiles, splits, workspace size) is a function of tensor shapes (and of the
-caller's host-side max_query_len hint) only, never of seq_lens or cu_query_lens values: no
-device sync, so a call can be captured in a CUDA graph. A sequence with more query rows than
+GPU (the plan says when), each sequence's key range is split among NUM_SPLITS programs that
+write normalised partial outputs and their LSE to a workspace; a second kernel merges them
+exactly (on sm_90+ a programmatic dependent launch: scheduled as the split programs finish,
+it waits for them in its first instruction). Every launch parameter (tiles, splits,
+workspace size) is a function of tensor shapes (and of the caller's host-side max_query_len
+hint) only, never of seq_lens or cu_query_lens values: no device sync, so a call can be
+captured in a CUDA graph. A sequence with more query rows than
 a tile holds takes several passes, so the tiles never depend on the true query lengths. The
 planning lives in triton_kernels/attention_plan.py.
 """
