@@ -71,9 +71,9 @@ def plan_paged_attention(
     length in the batch if the caller knows it (0: unknown, plan for the worst case); it
     only sizes the tile rows: a sequence with more query rows than ``rows`` takes several
     passes over its keys, so a wrong hint costs speed, never correctness. ``element_size``
-    is the bytes of one cache element (the deepest pipelines fit 16-bit tiles only). ``rows`` and
-    ``num_splits`` override the planned values (tests force splits and multi-pass tiles
-    on small shapes)."""
+    is the bytes of one cache element (the deepest pipelines fit 16-bit tiles only).
+    ``rows`` and ``num_splits`` override the planned values (tests force splits and
+    multi-pass tiles on small shapes)."""
     group = num_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     if rows is None:
