@@ -22,11 +22,12 @@ DECODE = {"NUM_HEADS": 32, "NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_D": 128, "
 def _ptx(**constexprs) -> str:
     fn = attention._paged_attention_kernel
     constexprs = {**DECODE, **constexprs}
-    signature = {name: "constexpr" if name in constexprs else POINTERS.get(name, "fp32" if name in ("scale", "soft_cap")
-                                                                          else "i32")
+    scalar = {"scale": "fp32", "soft_cap": "fp32"}
+    signature = {name: "constexpr" if name in constexprs else POINTERS.get(name, scalar.get(name, "i32"))
                  for name in fn.arg_names}
     source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3}).asm["ptx"]
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+    return kernel.asm["ptx"]
 
 
 @pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
