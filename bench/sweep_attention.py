@@ -2,12 +2,12 @@
 shapes against the planned launch, on a GPU: which settings the plan should pick; or A/B
 versions of the kernel file against each other at their planned launches.
 
-Each shape (B, L, q_len, Hq, Hkv, D; bf16, block 16, shuffled blocks, every sequence L
-keys) runs every candidate; each output is compared with the planned launch's (a candidate
-that differs by more than bf16 rounding is reported, not timed). Times are medians of
-CUDA-graph replays, ROUNDS (--rounds) rounds over the candidates in turn (the figure is the median of
-the rounds), so a drift of the machine hits every candidate alike. The CUDA kernel is
-timed beside them when it is built.
+Each shape (B, L, q_len, Hq, Hkv, D; bf16, block 16, blocks shuffled or, with
+--contiguous, in order, every sequence L keys) runs every candidate; each output is
+compared with the planned launch's (a candidate that differs by more than bf16 rounding is
+reported, not timed). Times are medians of CUDA-graph replays, ROUNDS (--rounds) rounds
+over the candidates in turn (the figure is the median of the rounds), so a drift of the
+machine hits every candidate alike. The CUDA kernel is timed beside them when it is built.
 
     python3 bench/sweep_attention.py                       # the default shapes, launch grid
     python3 bench/sweep_attention.py --shape 32,1024,5,32,8,64 --out $OUT
@@ -51,8 +51,10 @@ def inputs(B, L, q_len, Hq, Hkv, D, device, contiguous=False):
     cache_shape = (B * blocks, BLOCK_SIZE, Hkv, D)
     key_cache = torch.randn(cache_shape, generator=g, device=device).to(torch.bfloat16)
     value_cache = torch.randn(cache_shape, generator=g, device=device).to(torch.bfloat16)
-    order = torch.arange(B * blocks, device=device) if contiguous else torch.randperm(B * blocks, generator=g,
-                                                                                     device=device)
+    if contiguous:
+        order = torch.arange(B * blocks, device=device)
+    else:
+        order = torch.randperm(B * blocks, generator=g, device=device)
     block_table = order.view(B, blocks).to(torch.int32)
     seq_lens = torch.full((B,), L, dtype=torch.int32, device=device)
     cu_query_lens = (torch.arange(B + 1, device=device) * q_len).to(torch.int32)

@@ -9,9 +9,9 @@ exactly (on sm_90+ a programmatic dependent launch: scheduled as the split progr
 it waits for them in its first instruction). Every launch parameter (tiles, splits,
 workspace size) is a function of tensor shapes (and of the caller's host-side max_query_len
 hint) only, never of seq_lens or cu_query_lens values: no device sync, so a call can be
-captured in a CUDA graph. A sequence with more query rows than
-a tile holds takes several passes, so the tiles never depend on the true query lengths. The
-planning lives in triton_kernels/attention_plan.py.
+captured in a CUDA graph. A sequence with more query rows than a tile holds takes several
+passes, so the tiles never depend on the true query lengths. The planning lives in
+triton_kernels/attention_plan.py.
 """
 
 from __future__ import annotations
