@@ -206,11 +206,13 @@ def _paged_attention_kernel(
     seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), max_blocks * BLOCK_SIZE)
     table_row_ptr = block_table_ptr + b.to(tl.int64) * max_blocks
     if PREFETCH_TABLE and not HAS_WINDOW:
-        # The first tile's block ids while the lengths load, so that the first tile's table
-        # read hits L1: tile 0 without splits; with splits, this split's first tile if the
-        # sequence fills its block table row (the usual case of a small batch; a wrong
-        # guess prefetches a line nobody reads). The address needs no load.
-        first_tile = split * tl.cdiv(tl.cdiv(max_blocks * BLOCK_SIZE, BLOCK_N), NUM_SPLITS)
+        # The first step's block ids while the lengths load, so that its table read hits
+        # L1. The steps run from this split's last tile down; which tile that is needs the
+        # length, so the guess is the sequence filling its block table row (a batch's
+        # table as wide as its longest sequence; a wrong guess prefetches a line nobody
+        # reads). The address needs no load.
+        row_tiles = tl.cdiv(max_blocks * BLOCK_SIZE, BLOCK_N)
+        first_tile = tl.minimum((split + 1) * tl.cdiv(row_tiles, NUM_SPLITS), row_tiles) - 1
         first_block = first_tile * BLOCK_N // BLOCK_SIZE
         if first_block < max_blocks:
             _prefetch_l1(table_row_ptr + first_block)
@@ -239,25 +241,31 @@ def _paged_attention_kernel(
         tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
         tile_lo = tile_start + split * tiles_per_split
         tile_hi = tl.minimum(tile_lo + tiles_per_split, tile_start + num_tiles)
+        # Tiles last to first: a short last tile (the keys past the last whole BLOCK_N, most
+        # lengths) is the first step, its few bytes in early and its step overlapping the
+        # whole tiles' copies; as the last step it would run after every copy had landed.
+        # (A direction chosen at run time costs the decode tile 36 registers.)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         if PIPELINE:  # compiled: a for loop, which Triton software-pipelines (num_stages)
-            for tile in tl.range(tile_lo, tile_hi):
+            for step in tl.range(tile_lo, tile_hi):
+                tile = tile_hi - 1 + tile_lo - step
                 m_i, l_i, acc = _attend_tile(
                     m_i, l_i, acc, q, position, row_valid, tile, table_row_ptr, key_cache_ptr, value_cache_ptr,
                     h, seq_len, num_blocks, scale, soft_cap, sliding_window,
                     NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, HAS_SOFT_CAP, HAS_WINDOW, IEEE, PIPELINE,
                 )
         else:  # the interpreter cannot bound a range by loaded values
-            tile = tile_lo
-            while tile < tile_hi:
+            step = tile_lo
+            while step < tile_hi:
+                tile = tile_hi - 1 + tile_lo - step
                 m_i, l_i, acc = _attend_tile(
                     m_i, l_i, acc, q, position, row_valid, tile, table_row_ptr, key_cache_ptr, value_cache_ptr,
                     h, seq_len, num_blocks, scale, soft_cap, sliding_window,
                     NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, HAS_SOFT_CAP, HAS_WINDOW, IEEE, PIPELINE,
                 )
-                tile += 1
+                step += 1
         # A row that saw no key (a split's empty share; or a row masked out entirely,
         # possible only with validate=False) gets output 0 and LSE -inf.
         seen = l_i > 0.0
