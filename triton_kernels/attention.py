@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_plan import AttentionLaunch, multiprocessor_count, plan_paged_attention
-from .launch import has_pdl
+from .attention_plan import ASSUMED_MULTIPROCESSORS, AttentionLaunch, plan_paged_attention
+from .launch import has_pdl, multiprocessor_count
 
 # Prefetch into L1 the block ids of a program's first tile at its start (compiled kernels):
 # one DRAM round trip off the chain lengths -> block ids -> first K/V tile (H100: B=64
@@ -346,7 +346,7 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
         return out, lse
     if launch is None:
         launch = plan_paged_attention(num_query_tokens, batch, num_heads, num_kv_heads, head_dim,
-                                      max_blocks * block_size, multiprocessor_count(query.device),
+                                      max_blocks * block_size, multiprocessor_count(query.device, ASSUMED_MULTIPROCESSORS),
                                       max_query_len=max_query_len, element_size=key_cache.element_size())
     group = num_heads // num_kv_heads
     if launch.rows * group > launch.block_m:  # the rows past the tile would be skipped, never written

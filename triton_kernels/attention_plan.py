@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import torch
 import triton
 
 # Accumulator cap: BLOCK_M x BLOCK_D float32 elements of one program (64 registers a
@@ -123,15 +122,3 @@ def plan_paged_attention(
         num_warps=4 if block_m * block_d <= 8192 else 8,
         num_stages=num_stages,
     )
-
-
-@functools.cache
-def _cuda_multiprocessors(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def multiprocessor_count(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device``; ASSUMED_MULTIPROCESSORS off a GPU."""
-    if device.type != "cuda":
-        return ASSUMED_MULTIPROCESSORS
-    return _cuda_multiprocessors(device.index if device.index is not None else torch.cuda.current_device())

@@ -11,12 +11,12 @@ result is exactly the sequential one.
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
+from .launch import multiprocessor_count
 from .ragged import clamp_range
 
 BLOCK_VOCAB = 2048  # vocab entries one program handles per loop iteration
@@ -139,19 +139,12 @@ def _recovered_combine_kernel(
     tl.store(recovered_token_ids_ptr + t, best_index, mask=t < num_tokens)
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return CPU_NUM_SMS
-
-
 def _split_config(num_tokens: int, vocab: int, device: torch.device) -> tuple[int, int]:
     """(block_v, split_len): about PROGRAMS_PER_SM programs per SM in all, each split at
     least MIN_SPLIT_LEN entries (one split when the vocab is smaller) and a multiple of
     block_v."""
     block_v = min(BLOCK_VOCAB, max(16, triton.next_power_of_2(vocab)))
-    wanted = triton.cdiv(PROGRAMS_PER_SM * _num_sms(device), max(num_tokens, 1))
+    wanted = triton.cdiv(PROGRAMS_PER_SM * multiprocessor_count(device, CPU_NUM_SMS), max(num_tokens, 1))
     num_splits = max(1, min(wanted, vocab // MIN_SPLIT_LEN))
     split_len = triton.cdiv(triton.cdiv(vocab, num_splits), block_v) * block_v
     return block_v, split_len

@@ -37,12 +37,11 @@ row once. With top-k/top-p: +8 reads per threshold per row, and every row's norm
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
 
-from .launch import has_pdl
+from .launch import has_pdl, multiprocessor_count
 from .verify_decide import decide_kernel
 from .verify_rows import (
     NUM_CANDIDATES,
@@ -88,19 +87,12 @@ PDL = True
 CPU_NUM_SMS = 4  # the interpreter has no SMs; a small fixed count still exercises splits
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return CPU_NUM_SMS
-
-
 def split_len_for(num_rows: int, vocab: int, device: torch.device) -> int:
     """Vocab entries per program of the row passes: about PROGRAMS_PER_SM programs per SM
     over ``num_rows`` rows, at least MIN_SPLIT_LEN entries each, whole BLOCK_V blocks (split
     by blocks, so B = 1 at V = 128256 gets 63 programs per row, not 32 of two blocks)."""
     num_blocks = triton.cdiv(vocab, BLOCK_V)
-    wanted = triton.cdiv(PROGRAMS_PER_SM * _num_sms(device), max(num_rows, 1))
+    wanted = triton.cdiv(PROGRAMS_PER_SM * multiprocessor_count(device, CPU_NUM_SMS), max(num_rows, 1))
     num_splits = max(1, min(wanted, num_blocks // max(1, MIN_SPLIT_LEN // BLOCK_V)))
     return triton.cdiv(num_blocks, num_splits) * BLOCK_V
 
@@ -110,7 +102,7 @@ def wave_split_len(num_rows: int, vocab: int, device: torch.device, resident: in
     per row (at least 1), so the grid fills one wave of ``resident`` programs per SM and
     does not spill a sliver into a second."""
     num_blocks = triton.cdiv(vocab, block)
-    num_splits = max(1, min(resident * _num_sms(device) // max(num_rows, 1), num_blocks))
+    num_splits = max(1, min(resident * multiprocessor_count(device, CPU_NUM_SMS) // max(num_rows, 1), num_blocks))
     return triton.cdiv(num_blocks, num_splits) * block
 
 
