@@ -1,5 +1,5 @@
 """The Triton paged_attention kernel compiles for sm_90 without a GPU, and its PTX holds
-what the launcher relies on: the block table's entries of a program's first tile prefetched
+what the launcher relies on: the block table's entries of a program's first step prefetched
 into L1 before its first asynchronous copy (split or not), and no prefetch with a sliding
 window (whose first tile depends on the loaded lengths). Under TRITON_INTERPRET=1 the file
 runs itself in a fresh process without the interpreter (tests/uninterpreted.py)."""

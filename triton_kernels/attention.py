@@ -25,10 +25,11 @@ import triton.language as tl
 from .attention_plan import ASSUMED_MULTIPROCESSORS, AttentionLaunch, plan_paged_attention
 from .launch import has_pdl, multiprocessor_count
 
-# Prefetch into L1 the block ids of a program's first tile at its start (compiled kernels):
-# one DRAM round trip off the chain lengths -> block ids -> first K/V tile (H100: B=64
-# L=1024 decode 97.1 -> 96.8 µs, B=128 186.3 -> 185.6, B=32 L=1024 D=64 verify 31.9 -> 31.7;
-# split programs: B=4 L=16384 verify 103.1 -> 102.2, B=1 L=4096 decode 11.3 -> 11.2 queued).
+# Prefetch into L1 the block ids of a program's first step at its start (compiled kernels):
+# one DRAM round trip off the chain lengths -> block ids -> first K/V tile (measured while
+# the steps ran first tile to last; H100: B=64 L=1024 decode 97.1 -> 96.8 µs, B=128 186.3
+# -> 185.6, B=32 L=1024 D=64 verify 31.9 -> 31.7; split programs: B=4 L=16384 verify 103.1
+# -> 102.2, B=1 L=4096 decode 11.3 -> 11.2 queued).
 PREFETCH_TABLE = True
 
 
@@ -345,9 +346,10 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
     if batch == 0 or num_query_tokens == 0:
         return out, lse
     if launch is None:
+        multiprocessors = multiprocessor_count(query.device, ASSUMED_MULTIPROCESSORS)
         launch = plan_paged_attention(num_query_tokens, batch, num_heads, num_kv_heads, head_dim,
-                                      max_blocks * block_size, multiprocessor_count(query.device, ASSUMED_MULTIPROCESSORS),
-                                      max_query_len=max_query_len, element_size=key_cache.element_size())
+                                      max_blocks * block_size, multiprocessors, max_query_len=max_query_len,
+                                      element_size=key_cache.element_size())
     group = num_heads // num_kv_heads
     if launch.rows * group > launch.block_m:  # the rows past the tile would be skipped, never written
         raise ValueError(f"launch.block_m ({launch.block_m}) must hold launch.rows ({launch.rows}) x the GQA "
