@@ -67,7 +67,8 @@ def main() -> None:
         fn = lambda: specops.verify(*call, backend=args.backend, validate=False)  # noqa: E731
         times = kernel_times(fn, args.replays)
         print(f"B={B} k={k} V={V} {mode} ({args.backend}, {' '.join(args.set)}): graph replay "
-              f"{graph_time_us(fn, device, 200):.1f} us, kernels {sum(times.values()):.1f} us")
+              f"{graph_time_us(fn, device, 200):.1f} us (queued {graph_time_us(fn, device, 200, queued=True):.1f}), "
+              f"kernels {sum(times.values()):.1f} us")
         for name, us in sorted(times.items(), key=lambda item: -item[1]):
             print(f"  {us:7.1f}  {name[:90]}")
 

@@ -13,6 +13,7 @@ import re
 
 import pytest
 import triton
+import triton.language as tl
 from specops.triton_kernels import verify_decide, verify_rows, verify_sample, verify_screen
 from triton.backends.compiler import GPUTarget
 from uninterpreted import INTERPRETED, rerun_without_interpreter
@@ -79,22 +80,66 @@ def test_compiles_for_sm90_with_exact_arithmetic(name, fn, constexprs, approxima
         assert re.search(r"div\.rn\.f32", ptx), f"{name}: its exact steps must divide with div.rn"
 
 
+# The op's own inputs: written before the chain's first launch, readable at any time.
+OP_INPUTS = {"target_ptr", "bonus_ptr", "draft_ptr", "draft_probs_ptr", "cu_ptr", "temperature_ptr", "top_k_ptr",
+             "top_p_ptr", "seeds_ptr", "positions_ptr"}
+
+
+def _reads_before_wait_from(ptx: str, fn, constexprs: dict) -> list[str]:
+    """The global loads ahead of griddepcontrol.wait whose address derives from a pointer
+    argument other than the op's inputs (a buffer some launch of the chain writes): the
+    PTX registers loaded from those parameters, and every register computed from one,
+    followed in program order up to the wait."""
+    params = [name for name in fn.arg_names if name not in constexprs]
+    chained = {f"{fn.__name__}_param_{i}" for i, name in enumerate(params)
+               if name.endswith("_ptr") and name not in OP_INPUTS}
+    tainted, reads = set(), []
+    for line in ptx[:ptx.find("griddepcontrol.wait")].splitlines():
+        words = re.findall(r"%\w+|\b\w+_param_\d+\b", line)
+        if not words or not re.match(r"\s*(@%\w+\s+)?[a-z]", line):
+            continue
+        sources = set(words[1:])
+        if re.search(r"\bld\.global", line) and sources & tainted:
+            reads.append(line.strip())
+        if sources & (tainted | chained):
+            tainted.add(words[0])
+    return reads
+
+
 @pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
 @pytest.mark.parametrize("name,fn,constexprs,approximate", CASES, ids=[c[0] for c in CASES])
-def test_chained_launch_waits_first(name, fn, constexprs, approximate):
+def test_chained_launch_waits_before_reading_the_chain(name, fn, constexprs, approximate):
     """PDL=True (verify.py on sm_90+): every launch after the max pass waits for the one
-    before (griddepcontrol.wait) before its first global read, and lets the next be
-    scheduled; the max pass, launched plainly, only lets the next be scheduled."""
+    before (griddepcontrol.wait) before it reads anything a launch of the chain writes
+    (the op's inputs may be read ahead of it), and lets the next be scheduled; the max
+    pass, launched plainly, only lets the next be scheduled."""
+    flags = {**{k: v for k, v in FLAGS.items() if k in fn.arg_names}, **constexprs, "PDL": True}
     ptx = _ptx(fn, {**constexprs, "PDL": True})
     assert "griddepcontrol.launch_dependents" in ptx, f"{name}: the next launch is never released"
     if fn is verify_rows.row_max_kernel:
         assert "griddepcontrol.wait" not in ptx
         return
-    wait = ptx.find("griddepcontrol.wait")
-    assert wait >= 0, f"{name}: no wait for the launch before"
-    first_read = re.search(r"ld\.global", ptx)
-    assert first_read is None or first_read.start() > wait, f"{name}: a global read before the wait"
+    assert "griddepcontrol.wait" in ptx, f"{name}: no wait for the launch before"
+    early = _reads_before_wait_from(ptx, fn, flags)
+    assert not early, f"{name}: reads a chain buffer before the wait: {early}"
     assert "griddepcontrol" not in _ptx(fn, constexprs), f"{name}: PDL code without PDL=True"
+
+
+def test_the_read_tracker_sees_a_chain_read():
+    """The tracker above flags a load from a non-input pointer ahead of the wait (a kernel
+    written for the purpose), and not one from an input."""
+    if INTERPRETED:
+        pytest.skip("compiled in a fresh process (test below)")
+    early = _reads_before_wait_from(_ptx(_reads_early, {"PDL": True}), _reads_early, {"PDL": True})
+    assert len(early) == 1
+
+
+@triton.jit
+def _reads_early(out_ptr, part_max_ptr, seeds_ptr, PDL: tl.constexpr):
+    seed = tl.load(seeds_ptr)
+    early = tl.load(part_max_ptr + 1)
+    tl.extra.cuda.gdc_wait()
+    tl.store(out_ptr, early + seed.to(tl.float32))
 
 
 @pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")

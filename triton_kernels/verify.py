@@ -12,8 +12,9 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
    acceptance tests from the approximate normalisers and mark the steps that need the
    exact one (the rejected or bonus step, and every later step after an unsettled test);
    with top-k, top-p or log-probabilities every reachable step is marked;
-4. exact fixed-point normaliser z1, grid (width * B * S,): the marked steps of each
-   request (always a range, usually one step), the first marked steps first in the grid;
+4. exact fixed-point normaliser z1, grid (B * S,): the marked steps of each request
+   (always a range, usually one step) in turn; with top-k, top-p or log-probabilities
+   (every step marked) grid (width * B * S,), a step each;
 5. top-p search and normaliser z2 (only with top_p given): 8 rounds + 1, top-p rows;
 6. decisions, grid (B,): the remaining acceptance tests, exactly, from the screen's stop;
    a bonus row or n-gram rejection draws its token here, by inversion over the normaliser's
@@ -26,8 +27,9 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
    requests' programs exit at once.
 With no temperature (every request greedy) and no log-probabilities, launches 1 and 3 only.
 On sm_90+ every launch after the first is a programmatic dependent launch: scheduled while
-the one before finishes, each of its programs waits for that one first
-(verify_math.chain_launch).
+the one before finishes, each of its programs reads the op's own inputs it needs (drafts,
+their logits and draft probs, per-request parameters), then waits for that launch before
+reading what it wrote (verify_math.chain_launch).
 Bytes, plain random requests: each reachable logit row once, plus, per request, the
 sampled row once more for its exact normaliser (which needs the row max first, see
 verify_rows.py), one block of it per proposal and, at a rejection with draft probs that no
@@ -82,7 +84,8 @@ DECIDE_WARPS = 8
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
 PROGRAMS_PER_SM = 4
 # Programmatic dependent launch of each launch after the first (sm_90+): it is scheduled
-# while the one before finishes and waits in its first instruction (verify_math.chain_launch).
+# while the one before finishes and waits once it has read the op's inputs it needs
+# (verify_math.chain_launch).
 PDL = True
 CPU_NUM_SMS = 4  # the interpreter has no SMs; a small fixed count still exercises splits
 
@@ -199,7 +202,11 @@ def verify(
         return out, num_accepted, logprobs
     sums = (marked, part_max, part_arg, *top_k_search, *top_p_search)
     sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits, batch)
-    sum_grid = (num_slots * sum_splits,)
+    # One program per (request, split) walking the request's marked steps (usually one; no
+    # idle programs: B = 16 random 39.0 -> 33.7 µs, bench/NOTES.md), or with every step
+    # marked one per (step, request, split).
+    step_programs = width if exact_everywhere else 1
+    sum_grid = (step_programs * batch * sum_splits,)
     sum_flags = {"BLOCK_V": BLOCK_V, "MASS_BLOCK": mass_block, "num_warps": SUM_WARPS,
                  **flags, **exact}
     fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
@@ -221,7 +228,7 @@ def verify(
         out, num_accepted, logprobs if return_logprobs else out, sample_float, sample_int, arrivals, block_sum,
         resume, part_max, part_arg, part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits,
         **request_flags, MASS_BLOCK=mass_block, GROUP=PROPOSAL_GROUP, BLOCK_G=groups, PROPOSAL_ROUND=PROPOSAL_ROUND,
-        num_warps=DECIDE_WARPS, **exact,
+        BLOCK_W=triton.next_power_of_2(width), num_warps=DECIDE_WARPS, **exact,
     )
     if draft_probs is None:  # every token drawn by the decisions
         return out, num_accepted, logprobs

@@ -17,6 +17,7 @@ from .verify_math import (
     probs,
     weights,
 )
+from .ragged import draft_range
 from .verify_rows import (
     request_params,
     row_fixed_sum,
@@ -24,7 +25,6 @@ from .verify_rows import (
     row_max_argmax,
     exact_inverse,
     row_p_min,
-    slot_row,
 )
 from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token, propose_residual
 
@@ -78,9 +78,12 @@ def decide_kernel(
     GROUP: tl.constexpr,  # block sums per group of the proposals' search (a power of two)
     BLOCK_G: tl.constexpr,  # a power of two with GROUP * BLOCK_G >= the number of blocks
     PROPOSAL_ROUND: tl.constexpr,  # residual proposals tried at a time (divides RESIDUAL_PROPOSALS)
+    BLOCK_W: tl.constexpr,  # a power of two >= width
     PDL: tl.constexpr = False,
 ):
-    chain_launch(PDL)
+    # Before the wait (PDL): the op's own inputs only (verify_math.chain_launch): every
+    # step's draft, its logit and draft prob, and the acceptance test's uniform, so a step's
+    # test waits on the row statistics alone.
     b = tl.program_id(0)
     num_slots = tl.num_programs(0) * width
     temperature, uses_top_k, top_k, uses_top_p, top_p = request_params(
@@ -88,6 +91,20 @@ def decide_kernel(
     greedy = temperature == 0.0
     seed = tl.load(seeds_ptr + b)
     position0 = tl.load(positions_ptr + b)
+    start, count = draft_range(cu_ptr, b, num_tokens, width - 1)
+    steps = tl.arange(0, BLOCK_W)
+    step_rows = (start + steps).to(tl.int64) * vocab
+    step_drafts = tl.load(draft_ptr + start + steps, mask=steps < count, other=0).to(tl.int64)
+    step_in_vocab = (steps < count) & (step_drafts >= 0) & (step_drafts < vocab)
+    step_x = tl.where(step_in_vocab, step_drafts, 0)
+    step_tests = tl.where(greedy, False, step_in_vocab)
+    step_z = load_logits(target_ptr + step_rows, step_x, step_tests)
+    step_q = tl.full([BLOCK_W], 1.0, tl.float32)
+    if HAS_DRAFT_PROBS:
+        step_q = tl.load(draft_probs_ptr + step_rows + step_x, mask=step_tests, other=0.0)
+    step_w0, _w1, _w2, _w3 = philox_words(seed, position0 + steps, 0, tl.zeros([BLOCK_W], tl.int32))
+    step_u = (step_w0 >> 8).to(tl.float32) * (1.0 / TOP_P_SCALE)
+    chain_launch(PDL)
     out_row = out_ptr + b.to(tl.int64) * width
     lp_row = logprobs_ptr + b.to(tl.int64) * width
     sample_int = sample_int_ptr + b.to(tl.int64) * SAMPLE_INTS
@@ -102,13 +119,14 @@ def decide_kernel(
     accepted = tl.zeros([], tl.int32)
     while done == 0:
         slot = b * width + i
-        row_ptr, start, count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
         is_bonus = i == count
         t = start + i
+        row_ptr = tl.where(is_bonus, bonus_ptr + b.to(tl.int64) * vocab, target_ptr + t.to(tl.int64) * vocab)
         max_logit, argmax = row_max_argmax(part_max_ptr, part_arg_ptr, slot, num_splits, BLOCK_S)
         no_finite = max_logit == float("-inf")
-        draft = tl.load(draft_ptr + t, mask=~is_bonus, other=0).to(tl.int64)
-        in_vocab = (draft >= 0) & (draft < vocab) & ~is_bonus
+        at = steps == i
+        draft = tl.sum(tl.where(at, step_drafts, 0), axis=0)
+        in_vocab = tl.sum((at & step_in_vocab).to(tl.int32), axis=0) > 0
         token = tl.zeros([], tl.int32)
         log_p = tl.zeros([], tl.float32)
         if greedy:
@@ -137,14 +155,12 @@ def decide_kernel(
                                   BLOCK_S)
                 z2 = tl.where(uses_top_p, row_fixed_sum(part_sum2_ptr, slot, sum_splits, BLOCK_S), z1)
             x = tl.where(in_vocab, draft, 0)
-            z_x = load_logits(row_ptr, x + tl.arange(0, 1), x + tl.arange(0, 1) < vocab)
+            # The step's lane of the vectors loaded before the wait (the other lanes add 0).
+            z_x = tl.sum(tl.where(at, step_z, 0.0), axis=0) + tl.zeros([1], tl.float32)
             p_x = tl.sum(probs(z_x, max_logit, temperature, kth, z1, p_min, z2), axis=0)
             p_x = tl.where(no_finite, tl.where(x == 0, 1.0, 0.0), p_x)
-            q_x = 1.0
-            if HAS_DRAFT_PROBS:
-                q_x = tl.load(draft_probs_ptr + t.to(tl.int64) * vocab + x, mask=in_vocab, other=0.0)
-            w0, _w1, _w2, _w3 = philox_words(seed, position0 + i, 0, tl.zeros([1], tl.int32))
-            u = tl.sum((w0 >> 8).to(tl.float32), axis=0) * (1.0 / TOP_P_SCALE)
+            q_x = tl.sum(tl.where(at, step_q, 0.0), axis=0)
+            u = tl.sum(tl.where(at, step_u, 0.0), axis=0)
             if in_vocab & (q_x > 0.0) & (u * q_x < p_x):
                 token = x.to(tl.int32)
                 log_p = tl.sum(log_prob(p_x + tl.zeros([1], tl.float32)), axis=0)

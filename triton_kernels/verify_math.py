@@ -25,8 +25,11 @@ PURPOSE_PROPOSE = tl.constexpr(2)  # reference/philox.py
 def chain_launch(PDL: tl.constexpr, WAITS: tl.constexpr = True):
     """Programmatic dependent launch (sm_90+), when PDL: the next launch of the chain may be
     scheduled now, and (WAITS) this one waits here until the launch before it has finished
-    and its writes are visible. Every program of a PDL launch calls it first, before any
-    read and before any early exit, so each launch still finishes after the one before it."""
+    and its writes are visible. Every program of a PDL launch calls it before any early exit,
+    so each launch still finishes after the one before it, and before reading anything a
+    launch of the chain writes. The op's own inputs may be read before it: the chain's first
+    launch is a plain one, started after their writers ended, and the launches after it
+    start later still."""
     if PDL:
         if WAITS:
             tl.extra.cuda.gdc_wait()

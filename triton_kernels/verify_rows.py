@@ -349,13 +349,14 @@ def threshold_search_kernel(
         tl.store(out + NUM_CANDIDATES, tl.sum(total, axis=0))
 
 
-# Grid (width * batch * sum_splits,), split fastest, then request, then j: program
-# (j, b, s) takes the j-th of the steps the screen marked in request b (marked[b] = (first
-# step, number of steps)) and adds floor(w_v 2^40) over split s of its row (int64, exact),
-# w = exp((z - max) / T) after top-k (SECOND: also top-p, p = w / z1 >= p_min). Greedy
-# slots sum at T = 1 (log-probabilities). Usually one step a request is marked: the
-# programs of j = 0 come first in the grid and the rest exit at once, after them.
-# Bytes: the marked rows once per launch (usually the one row per request that samples).
+# Grid (step_programs * batch * sum_splits,), split fastest, then request, then j: program
+# (j, b, s) takes the j-th, (j + step_programs)-th, ... of the steps the screen marked in
+# request b (marked[b] = (first step, number of steps)) and adds floor(w_v 2^40) over split
+# s of its row (int64, exact), w = exp((z - max) / T) after top-k (SECOND: also top-p,
+# p = w / z1 >= p_min). Greedy slots sum at T = 1 (log-probabilities). The launcher gives
+# step_programs = 1 when usually one step a request is marked (no idle programs), the width
+# when every step is. Bytes: the marked rows once per launch (usually the one row per
+# request that samples).
 @triton.jit(do_not_specialize=["num_tokens", "width", "row_splits", "batch"])
 def fixed_sum_kernel(
     part_sum_ptr,  # [batch * width, sum_splits] int64, written
@@ -388,25 +389,28 @@ def fixed_sum_kernel(
     MASS_BLOCK: tl.constexpr,  # divides BLOCK_V: entries per stored block sum
     PDL: tl.constexpr = False,
 ):
-    chain_launch(PDL)
     program = tl.program_id(0)
     num_splits = tl.cdiv(vocab, split_len)
     split = program % num_splits
     b = (program // num_splits) % batch
     j = program // (num_splits * batch)
+    step_programs = tl.num_programs(0) // (num_splits * batch)
     num_slots = batch * width
-    first = tl.load(marked_ptr + b * 2)
-    i = tl.minimum(first + j, width - 1)  # j < the number marked: a reachable step
-    slot = b * width + i
-    row_ptr, _start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
+    # Before the wait (PDL): the op's own inputs only (verify_math.chain_launch).
     temperature, uses_top_k, top_k, uses_top_p, top_p = request_params(
         b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)
-    active = j < tl.load(marked_ptr + b * 2 + 1)
+    temperature = tl.where(temperature == 0.0, 1.0, temperature)
+    inverse = exact_inverse(temperature)
+    chain_launch(PDL)
+    first = tl.load(marked_ptr + b * 2)
+    count = tl.load(marked_ptr + b * 2 + 1)
     if SECOND:
-        active = active & uses_top_p
-    if active:
+        count = tl.where(uses_top_p, count, 0)
+    while j < count:
+        i = tl.minimum(first + j, width - 1)  # j < the number marked: a reachable step
+        slot = b * width + i
+        row_ptr, _start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
         max_logit, _argmax = row_max_argmax(part_max_ptr, part_arg_ptr, slot, row_splits, BLOCK_S)
-        temperature = tl.where(temperature == 0.0, 1.0, temperature)
         kth = tl.full([], float("-inf"), tl.float32)
         if HAS_TOP_K:
             kth = row_kth(top_k_state_ptr, top_k_agg_ptr, slot, num_slots, row_splits, uses_top_k, top_k,
@@ -419,7 +423,6 @@ def fixed_sum_kernel(
                               BLOCK_S)
         blocks = block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, MASS_BLOCK)
         split_range = (row_ptr, blocks, split * split_len, split_len, vocab)
-        inverse = exact_inverse(temperature)
         if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
             total = _split_fixed_sum(*split_range, max_logit, inverse, kth, z1, p_min, True, SECOND, HAS_TOP_K,
                                      BLOCK_V, MASS_BLOCK)
@@ -427,6 +430,7 @@ def fixed_sum_kernel(
             total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, False, SECOND,
                                      HAS_TOP_K, BLOCK_V, MASS_BLOCK)
         tl.store(part_sum_ptr + slot.to(tl.int64) * num_splits + split, total)
+        j += step_programs
 
 
 @triton.jit

@@ -88,7 +88,9 @@ def screen_kernel(
     BLOCK_W: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    chain_launch(PDL)
+    # Before the wait (PDL): the op's own inputs only (verify_math.chain_launch): the
+    # request, its drafts, their logits and draft probs, the tests' uniforms. After it: the
+    # max pass's partials, one round of loads.
     b = tl.program_id(0)
     if ALL_GREEDY:  # the caller's promise: no per-request parameter is read
         temperature, uses_top_k, uses_top_p = 0.0, False, False
@@ -100,18 +102,31 @@ def screen_kernel(
     steps = tl.arange(0, BLOCK_W)
     in_width = steps < width
     reachable = steps <= count
+    exact_everywhere = (tl.full([], RETURN_LOGPROBS, tl.int1) | uses_top_k) | uses_top_p  # every reachable step marked
+    is_draft = steps < count
+    t = start + steps
+    draft = tl.load(draft_ptr + t, mask=tl.where(exact_everywhere, False, is_draft), other=-1).to(tl.int64)
+    tests = tl.where((temperature != 0.0) & ~exact_everywhere, is_draft, False)  # a random request's tests
+    in_vocab = is_draft & (draft >= 0) & (draft < vocab)
+    x = tl.where(in_vocab, draft, 0)
+    z_x = load_logits(target_ptr + t.to(tl.int64) * vocab, x, in_vocab & tests)
+    q_x = tl.full([BLOCK_W], 1.0, tl.float32)
+    if HAS_DRAFT_PROBS:
+        q_x = tl.load(draft_probs_ptr + t.to(tl.int64) * vocab + x, mask=in_vocab & tests, other=0.0)
+    seed = tl.load(seeds_ptr + b)
+    position = tl.load(positions_ptr + b) + steps
+    w0, _w1, _w2, _w3 = philox_words(seed, position, 0, tl.zeros([BLOCK_W], tl.int32))
+    scaled = (w0 >> 8).to(tl.float32) * (1.0 / TOP_P_SCALE) * q_x  # u q(x), as the exact test
+    chain_launch(PDL)
     resume = tl.zeros([], tl.int32)
     first_marked = tl.zeros([], tl.int32)
     num_marked = tl.zeros([], tl.int32)
-    if (uses_top_k | uses_top_p) | RETURN_LOGPROBS:  # every reachable step needs its exact normaliser
+    if exact_everywhere:
         num_marked = (count + 1).to(tl.int32)
     else:
         # All steps at once (a few dependent loads in all, not a few per step).
         max_logit, argmax, approx = _step_stats(part_max_ptr, part_arg_ptr, part_approx_ptr, b * width + steps,
                                                 reachable, num_splits, temperature, not ALL_GREEDY, BLOCK_S)
-        is_draft = steps < count
-        t = start + steps
-        draft = tl.load(draft_ptr + t, mask=is_draft, other=-1).to(tl.int64)
         if temperature == 0.0:
             match = is_draft & (draft == argmax)
             stop = tl.min(tl.where(match, BLOCK_W, steps), axis=0)  # first mismatch or the bonus step
@@ -119,9 +134,6 @@ def screen_kernel(
             tl.store(num_accepted_ptr + b, stop)
             resume = resume - 1
         else:
-            in_vocab = is_draft & (draft >= 0) & (draft < vocab)
-            x = tl.where(in_vocab, draft, 0)
-            z_x = load_logits(target_ptr + t.to(tl.int64) * vocab, x, in_vocab)
             p_approx = tl.math.div_rn(weights(z_x, max_logit, temperature, float("-inf")), approx)
             # An approximate sum that cannot be right (a degenerate temperature): unsettled.
             trusted = (approx >= 1.0 - MARGIN) & (approx < float("inf"))
@@ -130,13 +142,6 @@ def screen_kernel(
             no_finite = max_logit == float("-inf")  # p = one-hot on token 0, exactly
             lower = tl.where(no_finite, tl.where(x == 0, 1.0, 0.0), lower)
             upper = tl.where(no_finite, tl.where(x == 0, 1.0, 0.0), upper)
-            q_x = tl.full([BLOCK_W], 1.0, tl.float32)
-            if HAS_DRAFT_PROBS:
-                q_x = tl.load(draft_probs_ptr + t.to(tl.int64) * vocab + x, mask=in_vocab, other=0.0)
-            seed = tl.load(seeds_ptr + b)
-            position = tl.load(positions_ptr + b) + steps
-            w0, _w1, _w2, _w3 = philox_words(seed, position, 0, tl.zeros([BLOCK_W], tl.int32))
-            scaled = (w0 >> 8).to(tl.float32) * (1.0 / TOP_P_SCALE) * q_x  # u q(x), as the exact test
             possible = in_vocab & (q_x > 0.0)
             stop = tl.min(tl.where(possible & (scaled < lower), BLOCK_W, steps), axis=0)
             sure_reject = ~possible | (scaled >= upper)
