@@ -11,7 +11,6 @@ result is exactly the sequential one.
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl

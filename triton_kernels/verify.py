@@ -65,12 +65,11 @@ RESIDUAL_WARPS = 8
 # normaliser's count, 12, is a sweep's (6 / 9 / 12 / 16 with its (request, split) grid, which
 # compiles to 64 registers a thread at 4 warps, 8 programs per SM: so 1.5 waves): against 9,
 # B = 64 n-gram 85.4 -> 82.7 µs, random 93.8 -> 90.5, B = 256 345 -> 320, B = 16 33.7 ->
-# 33.9 (bench/NOTES.md). SUM_MAX_REGISTERS caps its registers when > 0 (48 compiles without
-# a spill, 10 programs per SM). The residual pass at 8 warps is capped at 64 for 4
+# 33.9 (bench/NOTES.md; a cap at 48 registers, which compiles without a spill, moved each
+# shape by under 1%, both ways). The residual pass at 8 warps is capped at 64 for 4
 # resident: uncapped, its draw tail takes 80, which allows 3; capped, ptxas spills at most
 # one register, outside the loop: sm_90, Triton 3.6.
 SUM_RESIDENT = 12
-SUM_MAX_REGISTERS = 0
 RESIDUAL_RESIDENT = 4
 REGISTERS_PER_SM = 65536
 RESIDUAL_MAX_REGISTERS = REGISTERS_PER_SM // (RESIDUAL_RESIDENT * RESIDUAL_WARPS * 32)
@@ -211,7 +210,7 @@ def verify(
     step_programs = width if exact_everywhere else 1
     sum_grid = (step_programs * batch * sum_splits,)
     sum_flags = {"BLOCK_V": BLOCK_V, "MASS_BLOCK": mass_block, "num_warps": SUM_WARPS,
-                 **({"maxnreg": SUM_MAX_REGISTERS} if SUM_MAX_REGISTERS > 0 else {}), **flags, **exact}
+                 **flags, **exact}
     fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
                                **sum_flags)
     if has_top_p:

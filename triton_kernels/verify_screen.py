@@ -113,10 +113,12 @@ def screen_kernel(
     q_x = tl.full([BLOCK_W], 1.0, tl.float32)
     if HAS_DRAFT_PROBS:
         q_x = tl.load(draft_probs_ptr + t.to(tl.int64) * vocab + x, mask=in_vocab & tests, other=0.0)
-    seed = tl.load(seeds_ptr + b)
-    position = tl.load(positions_ptr + b) + steps
-    w0, _w1, _w2, _w3 = philox_words(seed, position, 0, tl.zeros([BLOCK_W], tl.int32))
-    scaled = (w0 >> 8).to(tl.float32) * (1.0 / TOP_P_SCALE) * q_x  # u q(x), as the exact test
+    scaled = tl.zeros([BLOCK_W], tl.float32)
+    if not ALL_GREEDY:  # no test under the all-greedy promise: no seed or position read
+        seed = tl.load(seeds_ptr + b)
+        position = tl.load(positions_ptr + b) + steps
+        w0, _w1, _w2, _w3 = philox_words(seed, position, 0, tl.zeros([BLOCK_W], tl.int32))
+        scaled = (w0 >> 8).to(tl.float32) * (1.0 / TOP_P_SCALE) * q_x  # u q(x), as the exact test
     chain_launch(PDL)
     resume = tl.zeros([], tl.int32)
     first_marked = tl.zeros([], tl.int32)
