@@ -141,15 +141,15 @@ def _peaked(inputs, vocab, edges, g):
 @pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
 @pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
 def test_triton_draw_across_blocks_matches_reference(ngram, with_top, monkeypatch):
-    """16-entry blocks (19 a row at V = 300) for the residual pass, 8-entry ones in groups
-    of 4 for the normaliser's masses: the block sums of both, the proposals' search, and the
-    scan inside a block; mass on block edges (15/16, 31/32, the last
+    """16-entry blocks (19 a row at V = 300) for the residual pass, 8-entry ones for the
+    normaliser's masses: the block sums of both, the proposals' search, and the scan inside
+    a block; mass on block edges (15/16, 31/32, the last
     token) or spread over the row (CPU, interpreter)."""
     from specops.triton_kernels import verify as triton_verify
     from test_verify_ops import assert_matches_reference
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
-                        ("MASS_BLOCK", 8), ("PROPOSAL_GROUP", 4)):
+                        ("MASS_BLOCK", 8)):
         monkeypatch.setattr(triton_verify, name, value)
     vocab = 300
     for seed in range(2 if with_top else 3):  # with top-k/top-p: one spread and one peaked row set (CI time)
@@ -181,7 +181,7 @@ class _GarbageTorch:
 def test_triton_residual_draw_in_every_request(with_top, path, monkeypatch):
     """Four random requests reject their first draft (p ~ 0 there, q well above it): each
     draws its residual token. "proposal": q ~ 1 at the draft, so the residual is nearly p
-    and a proposal is kept (in the decisions, 4-entry mass blocks in groups of 2 blocks);
+    and a proposal is kept (in the decisions, 4-entry mass blocks);
     "direct": q is p but for 1e-3 moved onto the draft, so the residual mass is ~1e-3 of
     W, no proposal is kept, and the residual pass draws, its row cut into 10 programs whose
     last arrival draws. A greedy request and one without drafts leave their programs idle.
@@ -191,7 +191,7 @@ def test_triton_residual_draw_in_every_request(with_top, path, monkeypatch):
     from test_verify_ops import assert_matches_reference
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
-                        ("RESIDUAL_RESIDENT", 16), ("MASS_BLOCK", 4), ("PROPOSAL_GROUP", 2)):
+                        ("RESIDUAL_RESIDENT", 16), ("MASS_BLOCK", 4)):
         monkeypatch.setattr(triton_verify, name, value)
     monkeypatch.setattr(triton_verify, "torch", _GarbageTorch())
     counts, vocab = [2, 1, 0, 3, 1, 2], 300

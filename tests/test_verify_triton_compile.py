@@ -26,8 +26,7 @@ INT_POINTER_SUFFIXES = ("state_ptr", "agg_ptr", "sum_ptr", "sum2_ptr", "mass_ptr
 SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_round", "num_splits", "sum_splits",
            "batch"}
 FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_LOGPROBS": True, "BLOCK_S": 64,
-         "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64, "MASS_BLOCK": 128, "GROUP": 16, "BLOCK_G": 64,
-         "PROPOSAL_ROUND": 4, "PDL": False}
+         "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64, "MASS_BLOCK": 128, "PROPOSAL_ROUND": 4, "PDL": False}
 
 CASES = [
     ("row_max", verify_rows.row_max_kernel, {"ALL_GREEDY": False, "BLOCK_V": 2048}, True),

@@ -80,7 +80,6 @@ NUM_WARPS = 8
 ROW_MAX_RESIDENT = 5
 SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
-PROPOSAL_GROUP = 16  # block sums per group in the residual proposals' search
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
 DECIDE_WARPS = 8
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
@@ -225,12 +224,11 @@ def verify(
     sample_int = empty(batch, SAMPLE_INTS.value, dtype=torch.int64)
     # Zeroed by the decisions (no memset launch); a stand-in, never written, for n-gram.
     arrivals = empty(batch, dtype=torch.int32) if draft_probs is not None else resume
-    groups = triton.next_power_of_2(triton.cdiv(triton.cdiv(vocab, mass_block), PROPOSAL_GROUP))
     decide_kernel[(batch,)](
         out, num_accepted, logprobs if return_logprobs else out, sample_float, sample_int, arrivals, block_sum,
         resume, part_max, part_arg, part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits,
-        **request_flags, MASS_BLOCK=mass_block, GROUP=PROPOSAL_GROUP, BLOCK_G=groups, PROPOSAL_ROUND=PROPOSAL_ROUND,
-        BLOCK_W=triton.next_power_of_2(width), num_warps=DECIDE_WARPS, **exact,
+        **request_flags, MASS_BLOCK=mass_block, BLOCK_B=triton.next_power_of_2(triton.cdiv(vocab, mass_block)),
+        PROPOSAL_ROUND=PROPOSAL_ROUND, BLOCK_W=triton.next_power_of_2(width), num_warps=DECIDE_WARPS, **exact,
     )
     if draft_probs is None:  # every token drawn by the decisions
         return out, num_accepted, logprobs

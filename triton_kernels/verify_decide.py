@@ -22,6 +22,7 @@ from .verify_rows import (
     request_params,
     row_fixed_sum,
     row_kth,
+    row_max,
     row_max_argmax,
     exact_inverse,
     row_p_min,
@@ -75,8 +76,7 @@ def decide_kernel(
     RETURN_LOGPROBS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     MASS_BLOCK: tl.constexpr,  # vocab entries per block sum
-    GROUP: tl.constexpr,  # block sums per group of the proposals' search (a power of two)
-    BLOCK_G: tl.constexpr,  # a power of two with GROUP * BLOCK_G >= the number of blocks
+    BLOCK_B: tl.constexpr,  # a power of two >= the number of block sums (cdiv(vocab, MASS_BLOCK))
     PROPOSAL_ROUND: tl.constexpr,  # residual proposals tried at a time (divides RESIDUAL_PROPOSALS)
     BLOCK_W: tl.constexpr,  # a power of two >= width
     PDL: tl.constexpr = False,
@@ -114,7 +114,7 @@ def decide_kernel(
         tl.store(arrivals_ptr + b, 0)
     i = tl.load(resume_ptr + b)
     num_mass_blocks = tl.cdiv(vocab, MASS_BLOCK)
-    grouped = tl.arange(0, BLOCK_G)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # block sums as [groups, GROUP]
+    mass_blocks = tl.arange(0, BLOCK_B)
     done = (i < 0).to(tl.int32)  # the screen decided the whole request
     accepted = tl.zeros([], tl.int32)
     while done == 0:
@@ -122,7 +122,7 @@ def decide_kernel(
         is_bonus = i == count
         t = start + i
         row_ptr = tl.where(is_bonus, bonus_ptr + b.to(tl.int64) * vocab, target_ptr + t.to(tl.int64) * vocab)
-        max_logit, argmax = row_max_argmax(part_max_ptr, part_arg_ptr, slot, num_splits, BLOCK_S)
+        max_logit = row_max(part_max_ptr, slot, num_splits, BLOCK_S)  # the index: greedy steps only
         no_finite = max_logit == float("-inf")
         at = steps == i
         draft = tl.sum(tl.where(at, step_drafts, 0), axis=0)
@@ -130,7 +130,7 @@ def decide_kernel(
         token = tl.zeros([], tl.int32)
         log_p = tl.zeros([], tl.float32)
         if greedy:
-            token = argmax
+            _max_logit, token = row_max_argmax(part_max_ptr, part_arg_ptr, slot, num_splits, BLOCK_S)
             if RETURN_LOGPROBS:
                 z1 = row_fixed_sum(part_sum_ptr, slot, sum_splits, BLOCK_S)
                 z_t = load_logits(row_ptr, token + tl.arange(0, 1), token + tl.arange(0, 1) < vocab)
@@ -141,8 +141,8 @@ def decide_kernel(
         else:
             # The step's block sums (fixed_sum_kernel's; garbage, never used, at a step that
             # passes), loaded before the acceptance test: a rejection's draw does not wait.
-            block_sums = tl.load(block_sum_ptr + slot.to(tl.int64) * num_mass_blocks + grouped,
-                                 mask=grouped < num_mass_blocks, other=0)
+            block_sums = tl.load(block_sum_ptr + slot.to(tl.int64) * num_mass_blocks + mass_blocks,
+                                 mask=mass_blocks < num_mass_blocks, other=0)
             kth = tl.full([], float("-inf"), tl.float32)
             if HAS_TOP_K:
                 kth = row_kth(top_k_state_ptr, top_k_agg_ptr, slot, num_slots, num_splits, uses_top_k, top_k,
@@ -177,10 +177,10 @@ def decide_kernel(
                         inverse = exact_inverse(temperature)
                         if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
                             token = propose_residual(*proposing, max_logit, inverse, kth, z1, p_min, z2, True,
-                                                     HAS_TOP_P, MASS_BLOCK, GROUP, BLOCK_G, PROPOSAL_ROUND)
+                                                     HAS_TOP_P, MASS_BLOCK, PROPOSAL_ROUND)
                         else:
-                            token = propose_residual(*proposing, *params, False, HAS_TOP_P, MASS_BLOCK, GROUP,
-                                                     BLOCK_G, PROPOSAL_ROUND)
+                            token = propose_residual(*proposing, *params, False, HAS_TOP_P, MASS_BLOCK,
+                                                     PROPOSAL_ROUND)
                         if token < 0:
                             tl.store(sample_int, i.to(tl.int64))
                             tl.store(sample_int + 1, position0 + i)
@@ -192,9 +192,8 @@ def decide_kernel(
                             tl.store(sample_float + 5, z2)  # token -1: written by residual_sample_kernel
                     else:  # the normaliser's own terms: drawn here, from fixed_sum_kernel's block sums
                         excluded = tl.where(in_vocab, draft, -1)
-                        token = draw_token(tl.reshape(block_sums, [GROUP * BLOCK_G]), row_ptr, row_ptr, False,
-                                           excluded, seed, position0 + i, vocab, *params, False, HAS_TOP_P,
-                                           MASS_BLOCK, GROUP * BLOCK_G).to(tl.int32)
+                        token = draw_token(block_sums, row_ptr, row_ptr, False, excluded, seed, position0 + i, vocab,
+                                           *params, False, HAS_TOP_P, MASS_BLOCK, BLOCK_B).to(tl.int32)
                     if token >= 0:
                         z_t = load_logits(row_ptr, token + tl.arange(0, 1), token + tl.arange(0, 1) < vocab)
                         log_p = tl.sum(log_prob(probs(z_t, *params)), axis=0)

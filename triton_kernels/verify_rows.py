@@ -77,6 +77,15 @@ def row_max_argmax(part_max_ptr, part_arg_ptr, slot, num_splits, BLOCK_S: tl.con
 
 
 @triton.jit
+def row_max(part_max_ptr, slot, num_splits, BLOCK_S: tl.constexpr):
+    """Combined max logit of a slot (row_max_argmax without the index: one reduction)."""
+    s = tl.arange(0, BLOCK_S)
+    split_max = tl.load(part_max_ptr + slot.to(tl.int64) * num_splits + s, mask=s < num_splits,
+                        other=float("-inf"))
+    return tl.max(split_max, axis=0)
+
+
+@triton.jit
 def row_fixed_sum(part_sum_ptr, slot, num_splits, BLOCK_S: tl.constexpr):
     """sum_v floor(w_v 2^40) 2^-40 of a slot, rounded once to float32."""
     s = tl.arange(0, BLOCK_S)

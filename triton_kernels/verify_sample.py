@@ -89,9 +89,11 @@ def draw_token(block_sums, row_ptr, q_row_ptr, residual, draft, seed, position, 
     total = tl.sum(block_sums, axis=0)
     w0, w1, _w2, _w3 = philox_words(seed, position, 1, tl.zeros([1], tl.int32))
     u = tl.sum(mulhi64(w0, w1, total), axis=0)  # < total
-    # The block holding U: the blocks whose inclusive prefix sum is <= U come before it.
-    block = tl.sum((tl.cumsum(block_sums, axis=0) <= u).to(tl.int32), axis=0)
-    before = tl.sum(tl.where(j < block, block_sums, 0), axis=0)
+    # The block holding U: the blocks whose inclusive prefix sum is <= U come before it (a
+    # prefix: masses >= 0), the mass before it is the largest such sum.
+    inclusive = tl.cumsum(block_sums, axis=0)
+    block = tl.sum((inclusive <= u).to(tl.int32), axis=0)
+    before = tl.max(tl.where(inclusive <= u, inclusive, 0), axis=0)
     v = block * BLOCK_V + tl.arange(0, BLOCK_V)
     in_row = v < vocab
     z = load_logits(row_ptr, v, in_row)
@@ -106,45 +108,47 @@ def draw_token(block_sums, row_ptr, q_row_ptr, residual, draft, seed, position, 
 @triton.jit
 def propose_residual(block_sums, row_ptr, q_row_ptr, seed, position, vocab, max_logit, temperature, kth, z1, p_min,
                      z2, MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr, MASS_BLOCK: tl.constexpr,
-                     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, ROUND: tl.constexpr):
+                     ROUND: tl.constexpr):
     """The first kept proposal of a residual draw (reference/verify.py), -1 when none is.
     ROUND proposals at a time (most draws end in the first round), each drawn by inversion
-    from the normaliser's masses W (their sums per MASS_BLOCK entries: fixed_sum_kernel's)
-    and kept when floor(Y W_x / 2^64) < R_x. The block sums come as [BLOCK_G, GROUP] (block
-    g * GROUP + c; 0 past the row's blocks): the group holding each draw, then its block,
-    then the entry. MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse).
-    Bytes: per round one block of the row and of its draft probs per proposal (loaded
-    together: no load waits on the token)."""
-    g = tl.arange(0, BLOCK_G)
-    c = tl.arange(0, GROUP)
+    from the normaliser's masses W, given their sums per MASS_BLOCK entries (``block_sums``
+    [BLOCK_B], fixed_sum_kernel's; 0 past the row's blocks), and kept when
+    floor(Y W_x / 2^64) < R_x. The block holding a draw U is the count of inclusive prefix
+    sums <= U, the mass before it the largest such sum (two independent reductions of one
+    scan, computed once for every proposal); then the entry inside the block; the chosen
+    token's logit and draft prob are read again (cached lines), not selected by reductions.
+    MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse). Bytes: per
+    round one block of the row and of its draft probs per proposal (loaded together: no
+    load waits on the token)."""
     e = tl.arange(0, MASS_BLOCK)
-    group_sums = tl.sum(block_sums, axis=1)
-    group_inclusive = tl.cumsum(group_sums, axis=0)
-    total = tl.sum(group_sums, axis=0)
+    inclusive = tl.cumsum(block_sums, axis=0)
+    total = tl.sum(block_sums, axis=0)
     token = tl.full([], -1, tl.int32)
     first = tl.where(total > 0, 0, RESIDUAL_PROPOSALS)  # M_W = 0: no proposal
     while first < RESIDUAL_PROPOSALS:
         t = first + tl.arange(0, ROUND)
         w0, w1, w2, w3 = philox_words(seed, position, PURPOSE_PROPOSE, t)
         u = mulhi64(w0, w1, total)  # [ROUND], each < total
-        # The groups, then the blocks, then the entries whose inclusive prefix sum is <= U come first.
-        group = tl.sum((group_inclusive[None, :] <= u[:, None]).to(tl.int32), axis=1)
-        before = tl.sum(tl.where(g[None, :] < group[:, None], group_sums[None, :], 0), axis=1)
-        sums = tl.sum(tl.where((g[None, :] == group[:, None])[:, :, None], block_sums[None, :, :], 0), axis=1)
-        k = tl.sum((tl.cumsum(sums, axis=1) + before[:, None] <= u[:, None]).to(tl.int32), axis=1)
-        before += tl.sum(tl.where(c[None, :] < k[:, None], sums, 0), axis=1)
-        v = (group * GROUP + k)[:, None] * MASS_BLOCK + e[None, :]
+        # The blocks whose inclusive prefix sum is <= U come first (a prefix: masses >= 0).
+        below = inclusive[None, :] <= u[:, None]
+        block = tl.sum(below.to(tl.int32), axis=1)
+        before = tl.max(tl.where(below, inclusive[None, :], 0), axis=1)
+        v = block[:, None] * MASS_BLOCK + e[None, :]
         in_row = v < vocab
         z = load_logits(row_ptr, v, in_row)
         q = tl.load(q_row_ptr + v, mask=in_row, other=0.0)
         w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
         m = _fixed_masses(w, 0.0, v, -1, vocab, z2, False)
         inside = tl.sum((tl.cumsum(m, axis=1) + before[:, None] <= u[:, None]).to(tl.int32), axis=1)
-        at = e[None, :] == inside[:, None]  # each proposal's token in its block (none: W_x = R_x = 0)
-        x = tl.sum(tl.where(at, v, 0), axis=1)
-        residual = _fixed_masses(tl.sum(tl.where(at, w, 0.0), axis=1), tl.sum(tl.where(at, q, 0.0), axis=1), x, -1,
-                                 vocab, z2, True)
-        kept = mulhi64(w2, w3, tl.sum(tl.where(at, m, 0), axis=1)) < residual
+        # Each proposal's token (none, inside = MASS_BLOCK, only where W_x = R_x = 0 would be).
+        found = inside < MASS_BLOCK
+        x = tl.where(found, block * MASS_BLOCK + inside, 0)
+        z_x = load_logits(row_ptr, x, found & (x < vocab))
+        q_x = tl.load(q_row_ptr + x, mask=found & (x < vocab), other=0.0)
+        w_x = processed_weights(z_x, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
+        m_x = _fixed_masses(w_x, 0.0, x, -1, vocab, z2, False)
+        residual = _fixed_masses(w_x, q_x, x, -1, vocab, z2, True)
+        kept = mulhi64(w2, w3, m_x) < residual
         kept = tl.min(tl.where(kept, t, RESIDUAL_PROPOSALS), axis=0)
         token = tl.where(kept < RESIDUAL_PROPOSALS, tl.sum(tl.where(t == kept, x, 0), axis=0), -1).to(tl.int32)
         first = tl.where(kept < RESIDUAL_PROPOSALS, RESIDUAL_PROPOSALS, first + ROUND)
