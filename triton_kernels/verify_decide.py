@@ -192,8 +192,9 @@ def decide_kernel(
                             tl.store(sample_float + 5, z2)  # token -1: written by residual_sample_kernel
                     else:  # the normaliser's own terms: drawn here, from fixed_sum_kernel's block sums
                         excluded = tl.where(in_vocab, draft, -1)
-                        token = draw_token(block_sums, row_ptr, row_ptr, False, excluded, seed, position0 + i, vocab,
-                                           *params, False, HAS_TOP_P, MASS_BLOCK, BLOCK_B).to(tl.int32)
+                        token = draw_token(block_sums, row_ptr, row_ptr, False, excluded, tl.sum(z_x, axis=0), seed,
+                                           position0 + i, vocab, *params, False, HAS_TOP_P, MASS_BLOCK,
+                                           BLOCK_B).to(tl.int32)
                     if token >= 0:
                         z_t = load_logits(row_ptr, token + tl.arange(0, 1), token + tl.arange(0, 1) < vocab)
                         log_p = tl.sum(log_prob(probs(z_t, *params)), axis=0)

@@ -70,28 +70,33 @@ def _sampled_row(b, step, sample_float_ptr, target_ptr, bonus_ptr, draft_probs_p
 
 
 @triton.jit
-def draw_token(block_sums, row_ptr, q_row_ptr, residual, draft, seed, position, vocab, max_logit, temperature, kth,
-               z1, p_min, z2, HAS_DRAFT_PROBS: tl.constexpr, HAS_TOP_P: tl.constexpr, BLOCK_V: tl.constexpr,
-               BLOCK_B: tl.constexpr):
+def draw_token(block_sums, row_ptr, q_row_ptr, residual, draft, draft_z, seed, position, vocab, max_logit,
+               temperature, kth, z1, p_min, z2, HAS_DRAFT_PROBS: tl.constexpr, HAS_TOP_P: tl.constexpr,
+               BLOCK_V: tl.constexpr, BLOCK_B: tl.constexpr):
     """The token drawn from a row's masses, given their sums per BLOCK_V entries
     (``block_sums`` [BLOCK_B], 0 past the row's blocks): M = the sum of the block sums
-    (n-gram: less the draft's own term, draft >= 0), U = floor(X M / 2^64) (X: words 0 and
-    1 of the position's sample draw), the block whose prefix range holds U, then the token
-    whose prefix range inside that block holds it (an inclusive scan of the block's
-    masses); M = 0 gives token 0. ``residual``: the masses of a rejection with draft probs
-    (HAS_DRAFT_PROBS). Bytes: one block of the row (and of its q)."""
+    (n-gram: less the draft's own term, draft >= 0, whose logit is ``draft_z``), U =
+    floor(X M / 2^64) (X: words 0 and 1 of the position's sample draw), the block whose
+    prefix range holds U, then the token whose prefix range inside that block holds it (an
+    inclusive scan of the block's masses); M = 0 gives token 0. ``residual``: the masses of
+    a rejection with draft probs (HAS_DRAFT_PROBS). Bytes: one block of the row (and of its
+    q)."""
     params = (max_logit, temperature, kth, z1, p_min, z2)
-    j = tl.arange(0, BLOCK_B)
-    x = tl.maximum(draft, 0) + tl.arange(0, 1)
-    draft_mass = tl.sum(_masses(load_logits(row_ptr, x, x < vocab), 0.0, x, -1, vocab, *params, False, False,
-                                HAS_TOP_P), axis=0)
-    block_sums -= tl.where((draft >= 0) & (j == draft // BLOCK_V), draft_mass, 0)
+    # The scan of the stored sums, then the draft's term out of its block's prefix sums and
+    # every later one (the same integers as scanning the sums less that term; no load or
+    # reduction waits on it before the scan).
+    inclusive = tl.cumsum(block_sums, axis=0)
     total = tl.sum(block_sums, axis=0)
+    x = tl.maximum(draft, 0) + tl.arange(0, 1)
+    draft_mass = tl.sum(_masses(draft_z + tl.zeros([1], tl.float32), 0.0, x, -1, vocab, *params, False, False,
+                                HAS_TOP_P), axis=0)
+    draft_mass = tl.where(draft >= 0, draft_mass, 0)
+    inclusive -= tl.where(tl.arange(0, BLOCK_B) >= tl.maximum(draft, 0) // BLOCK_V, draft_mass, 0)
+    total -= draft_mass
     w0, w1, _w2, _w3 = philox_words(seed, position, 1, tl.zeros([1], tl.int32))
     u = tl.sum(mulhi64(w0, w1, total), axis=0)  # < total
     # The block holding U: the blocks whose inclusive prefix sum is <= U come before it (a
     # prefix: masses >= 0), the mass before it is the largest such sum.
-    inclusive = tl.cumsum(block_sums, axis=0)
     block = tl.sum((inclusive <= u).to(tl.int32), axis=0)
     before = tl.max(tl.where(inclusive <= u, inclusive, 0), axis=0)
     v = block * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -217,7 +222,7 @@ def residual_sample_kernel(
             # Past L1 (.cg): other programs of this launch wrote them, and L1 is not coherent across SMs.
             j = tl.arange(0, BLOCK_B)
             block_sums = tl.load(blocks + j, mask=j < tl.cdiv(vocab, BLOCK_V), other=0, cache_modifier=".cg")
-            token = draw_token(block_sums, row_ptr, q_row_ptr, True, -1, tl.load(seeds_ptr + b),
+            token = draw_token(block_sums, row_ptr, q_row_ptr, True, -1, 0.0, tl.load(seeds_ptr + b),
                                tl.load(sample_int + 1), vocab, *params, True, HAS_TOP_P, BLOCK_V, BLOCK_B)
             tl.store(out_ptr + b.to(tl.int64) * width + step, token)
             if RETURN_LOGPROBS:
