@@ -82,6 +82,10 @@ SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
 DECIDE_WARPS = 8
+# The screen, one program per request, is latency-bound: 8 warps against 4, H100 A/B
+# (bench/NOTES.md): B = 1 n-gram 15.5 -> 14.9 µs, B = 16 random 32.1 -> 31.6, B = 256 291.5
+# -> 290.8 (1 and 2 warps slower, 16 no better).
+SCREEN_WARPS = 8
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
 PROGRAMS_PER_SM = 4
 # Programmatic dependent launch of each launch after the first (sm_90+): it is scheduled
@@ -198,7 +202,8 @@ def verify(
                positions, num_tokens, vocab, width, num_splits)
     request_flags = {"HAS_DRAFT_PROBS": draft_probs is not None, "RETURN_LOGPROBS": return_logprobs, **flags}
     screen_kernel[(batch,)](out, num_accepted, marked, resume, part_max, part_arg, part_approx, *request,
-                            ALL_GREEDY=greedy_only, BLOCK_W=triton.next_power_of_2(width), **request_flags, **exact)
+                            ALL_GREEDY=greedy_only, BLOCK_W=triton.next_power_of_2(width), num_warps=SCREEN_WARPS,
+                            **request_flags, **exact)
     if greedy_only:
         return out, num_accepted, logprobs
     sums = (marked, part_max, part_arg, *top_k_search, *top_p_search)

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from .verify_math import (
+    FIXED_SCALE,
     TOP_P_SCALE,
     chain_launch,
     load_logits,
@@ -21,9 +22,10 @@ from .ragged import draft_range
 from .verify_rows import (
     request_params,
     row_fixed_sum,
+    row_fixed_total,
     row_kth,
-    row_max,
     row_max_argmax,
+    row_max_fixed_sum,
     exact_inverse,
     row_p_min,
 )
@@ -122,15 +124,15 @@ def decide_kernel(
         is_bonus = i == count
         t = start + i
         row_ptr = tl.where(is_bonus, bonus_ptr + b.to(tl.int64) * vocab, target_ptr + t.to(tl.int64) * vocab)
-        max_logit = row_max(part_max_ptr, slot, num_splits, BLOCK_S)  # the index: greedy steps only
-        no_finite = max_logit == float("-inf")
         at = steps == i
-        draft = tl.sum(tl.where(at, step_drafts, 0), axis=0)
-        in_vocab = tl.sum((at & step_in_vocab).to(tl.int32), axis=0) > 0
         token = tl.zeros([], tl.int32)
         log_p = tl.zeros([], tl.float32)
+        # Each branch issues the step's loads before any reduction: a reduction's barriers
+        # would hold back the loads after it (one L2 round trip each).
         if greedy:
-            _max_logit, token = row_max_argmax(part_max_ptr, part_arg_ptr, slot, num_splits, BLOCK_S)
+            max_logit, token = row_max_argmax(part_max_ptr, part_arg_ptr, slot, num_splits, BLOCK_S)
+            no_finite = max_logit == float("-inf")
+            draft = tl.sum(tl.where(at, step_drafts, 0), axis=0)
             if RETURN_LOGPROBS:
                 z1 = row_fixed_sum(part_sum_ptr, slot, sum_splits, BLOCK_S)
                 z_t = load_logits(row_ptr, token + tl.arange(0, 1), token + tl.arange(0, 1) < vocab)
@@ -143,17 +145,24 @@ def decide_kernel(
             # passes), loaded before the acceptance test: a rejection's draw does not wait.
             block_sums = tl.load(block_sum_ptr + slot.to(tl.int64) * num_mass_blocks + mass_blocks,
                                  mask=mass_blocks < num_mass_blocks, other=0)
+            # mass_total: the sum of the block sums a draw searches (the pass that last wrote them).
+            max_logit, z1, mass_total = row_max_fixed_sum(part_max_ptr, part_sum_ptr, slot, num_splits, sum_splits,
+                                                          BLOCK_S)
+            no_finite = max_logit == float("-inf")
+            draft = tl.sum(tl.where(at, step_drafts, 0), axis=0)
+            in_vocab = tl.sum((at & step_in_vocab).to(tl.int32), axis=0) > 0
             kth = tl.full([], float("-inf"), tl.float32)
             if HAS_TOP_K:
                 kth = row_kth(top_k_state_ptr, top_k_agg_ptr, slot, num_slots, num_splits, uses_top_k, top_k,
                               max_logit, BLOCK_S)
-            z1 = row_fixed_sum(part_sum_ptr, slot, sum_splits, BLOCK_S)
             p_min = tl.zeros([], tl.float32)
             z2 = z1
             if HAS_TOP_P:
                 p_min = row_p_min(top_p_state_ptr, top_p_agg_ptr, slot, num_slots, num_splits, uses_top_p, top_p,
                                   BLOCK_S)
-                z2 = tl.where(uses_top_p, row_fixed_sum(part_sum2_ptr, slot, sum_splits, BLOCK_S), z1)
+                total2 = row_fixed_total(part_sum2_ptr, slot, sum_splits, BLOCK_S)
+                z2 = tl.where(uses_top_p, total2.to(tl.float32) * (1.0 / FIXED_SCALE), z1)
+                mass_total = tl.where(uses_top_p, total2, mass_total)
             x = tl.where(in_vocab, draft, 0)
             # The step's lane of the vectors loaded before the wait (the other lanes add 0).
             z_x = tl.sum(tl.where(at, step_z, 0.0), axis=0) + tl.zeros([1], tl.float32)
@@ -172,8 +181,8 @@ def decide_kernel(
                 else:
                     params = (max_logit, temperature, kth, z1, p_min, z2)
                     if ~is_bonus & (HAS_DRAFT_PROBS != 0):  # proposals, else the residual masses' own pass
-                        proposing = (block_sums, row_ptr, draft_probs_ptr + t.to(tl.int64) * vocab, seed, position0 + i,
-                                     vocab)
+                        proposing = (block_sums, mass_total, row_ptr, draft_probs_ptr + t.to(tl.int64) * vocab, seed,
+                                     position0 + i, vocab)
                         inverse = exact_inverse(temperature)
                         if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
                             token = propose_residual(*proposing, max_logit, inverse, kth, z1, p_min, z2, True,
@@ -192,8 +201,8 @@ def decide_kernel(
                             tl.store(sample_float + 5, z2)  # token -1: written by residual_sample_kernel
                     else:  # the normaliser's own terms: drawn here, from fixed_sum_kernel's block sums
                         excluded = tl.where(in_vocab, draft, -1)
-                        token = draw_token(block_sums, row_ptr, row_ptr, False, excluded, tl.sum(z_x, axis=0), seed,
-                                           position0 + i, vocab, *params, False, HAS_TOP_P, MASS_BLOCK,
+                        token = draw_token(block_sums, mass_total, row_ptr, row_ptr, False, excluded, tl.sum(z_x, axis=0),
+                                           seed, position0 + i, vocab, *params, False, HAS_TOP_P, MASS_BLOCK,
                                            BLOCK_B).to(tl.int32)
                     if token >= 0:
                         z_t = load_logits(row_ptr, token + tl.arange(0, 1), token + tl.arange(0, 1) < vocab)

@@ -77,20 +77,36 @@ def row_max_argmax(part_max_ptr, part_arg_ptr, slot, num_splits, BLOCK_S: tl.con
 
 
 @triton.jit
-def row_max(part_max_ptr, slot, num_splits, BLOCK_S: tl.constexpr):
-    """Combined max logit of a slot (row_max_argmax without the index: one reduction)."""
+def _max_and_sum(max_a, sum_a, max_b, sum_b):
+    return tl.maximum(max_a, max_b), sum_a + sum_b
+
+
+@triton.jit
+def row_max_fixed_sum(part_max_ptr, part_sum_ptr, slot, num_splits, sum_splits, BLOCK_S: tl.constexpr):
+    """(combined max logit, row_fixed_sum, its integer total) of a slot: both partial rows
+    loaded, then one reduction of the two (the index: greedy steps only, row_max_argmax).
+    The integer total is also the sum of the slot's stored block sums (fixed_sum_kernel
+    adds the same masses both ways)."""
     s = tl.arange(0, BLOCK_S)
     split_max = tl.load(part_max_ptr + slot.to(tl.int64) * num_splits + s, mask=s < num_splits,
                         other=float("-inf"))
-    return tl.max(split_max, axis=0)
+    partial = tl.load(part_sum_ptr + slot.to(tl.int64) * sum_splits + s, mask=s < sum_splits, other=0)
+    best, total = tl.reduce((split_max, partial), 0, _max_and_sum)
+    return best, total.to(tl.float32) * (1.0 / FIXED_SCALE), total
+
+
+@triton.jit
+def row_fixed_total(part_sum_ptr, slot, num_splits, BLOCK_S: tl.constexpr):
+    """sum_v floor(w_v 2^40) of a slot (int64, exact)."""
+    s = tl.arange(0, BLOCK_S)
+    partial = tl.load(part_sum_ptr + slot.to(tl.int64) * num_splits + s, mask=s < num_splits, other=0)
+    return tl.sum(partial, axis=0)
 
 
 @triton.jit
 def row_fixed_sum(part_sum_ptr, slot, num_splits, BLOCK_S: tl.constexpr):
     """sum_v floor(w_v 2^40) 2^-40 of a slot, rounded once to float32."""
-    s = tl.arange(0, BLOCK_S)
-    partial = tl.load(part_sum_ptr + slot.to(tl.int64) * num_splits + s, mask=s < num_splits, other=0)
-    return tl.sum(partial, axis=0).to(tl.float32) * (1.0 / FIXED_SCALE)
+    return row_fixed_total(part_sum_ptr, slot, num_splits, BLOCK_S).to(tl.float32) * (1.0 / FIXED_SCALE)
 
 
 @triton.jit

@@ -70,11 +70,12 @@ def _sampled_row(b, step, sample_float_ptr, target_ptr, bonus_ptr, draft_probs_p
 
 
 @triton.jit
-def draw_token(block_sums, row_ptr, q_row_ptr, residual, draft, draft_z, seed, position, vocab, max_logit,
+def draw_token(block_sums, block_total, row_ptr, q_row_ptr, residual, draft, draft_z, seed, position, vocab, max_logit,
                temperature, kth, z1, p_min, z2, HAS_DRAFT_PROBS: tl.constexpr, HAS_TOP_P: tl.constexpr,
                BLOCK_V: tl.constexpr, BLOCK_B: tl.constexpr):
     """The token drawn from a row's masses, given their sums per BLOCK_V entries
-    (``block_sums`` [BLOCK_B], 0 past the row's blocks): M = the sum of the block sums
+    (``block_sums`` [BLOCK_B], 0 past the row's blocks, and their sum ``block_total``, which
+    the callers know without a reduction here): M = the sum of the block sums
     (n-gram: less the draft's own term, draft >= 0, whose logit is ``draft_z``), U =
     floor(X M / 2^64) (X: words 0 and 1 of the position's sample draw), the block whose
     prefix range holds U, then the token whose prefix range inside that block holds it (an
@@ -86,7 +87,7 @@ def draw_token(block_sums, row_ptr, q_row_ptr, residual, draft, draft_z, seed, p
     # every later one (the same integers as scanning the sums less that term; no load or
     # reduction waits on it before the scan).
     inclusive = tl.cumsum(block_sums, axis=0)
-    total = tl.sum(block_sums, axis=0)
+    total = block_total
     x = tl.maximum(draft, 0) + tl.arange(0, 1)
     draft_mass = tl.sum(_masses(draft_z + tl.zeros([1], tl.float32), 0.0, x, -1, vocab, *params, False, False,
                                 HAS_TOP_P), axis=0)
@@ -111,13 +112,13 @@ def draw_token(block_sums, row_ptr, q_row_ptr, residual, draft, draft_z, seed, p
 
 
 @triton.jit
-def propose_residual(block_sums, row_ptr, q_row_ptr, seed, position, vocab, max_logit, temperature, kth, z1, p_min,
-                     z2, MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr, MASS_BLOCK: tl.constexpr,
+def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, vocab, max_logit, temperature, kth, z1,
+                     p_min, z2, MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr, MASS_BLOCK: tl.constexpr,
                      ROUND: tl.constexpr):
     """The first kept proposal of a residual draw (reference/verify.py), -1 when none is.
     ROUND proposals at a time (most draws end in the first round), each drawn by inversion
     from the normaliser's masses W, given their sums per MASS_BLOCK entries (``block_sums``
-    [BLOCK_B], fixed_sum_kernel's; 0 past the row's blocks), and kept when
+    [BLOCK_B], fixed_sum_kernel's; 0 past the row's blocks; ``total`` their sum), and kept when
     floor(Y W_x / 2^64) < R_x. The block holding a draw U is the count of inclusive prefix
     sums <= U, the mass before it the largest such sum (two independent reductions of one
     scan, computed once for every proposal); then the entry inside the block; the chosen
@@ -127,7 +128,6 @@ def propose_residual(block_sums, row_ptr, q_row_ptr, seed, position, vocab, max_
     load waits on the token)."""
     e = tl.arange(0, MASS_BLOCK)
     inclusive = tl.cumsum(block_sums, axis=0)
-    total = tl.sum(block_sums, axis=0)
     token = tl.full([], -1, tl.int32)
     first = tl.where(total > 0, 0, RESIDUAL_PROPOSALS)  # M_W = 0: no proposal
     while first < RESIDUAL_PROPOSALS:
@@ -222,8 +222,9 @@ def residual_sample_kernel(
             # Past L1 (.cg): other programs of this launch wrote them, and L1 is not coherent across SMs.
             j = tl.arange(0, BLOCK_B)
             block_sums = tl.load(blocks + j, mask=j < tl.cdiv(vocab, BLOCK_V), other=0, cache_modifier=".cg")
-            token = draw_token(block_sums, row_ptr, q_row_ptr, True, -1, 0.0, tl.load(seeds_ptr + b),
-                               tl.load(sample_int + 1), vocab, *params, True, HAS_TOP_P, BLOCK_V, BLOCK_B)
+            token = draw_token(block_sums, tl.sum(block_sums, axis=0), row_ptr, q_row_ptr, True, -1, 0.0,
+                               tl.load(seeds_ptr + b), tl.load(sample_int + 1), vocab, *params, True, HAS_TOP_P,
+                               BLOCK_V, BLOCK_B)
             tl.store(out_ptr + b.to(tl.int64) * width + step, token)
             if RETURN_LOGPROBS:
                 t = token + tl.arange(0, 1)
