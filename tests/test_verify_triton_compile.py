@@ -14,7 +14,7 @@ import re
 import pytest
 import triton
 import triton.language as tl
-from specops.triton_kernels import verify_decide, verify_rows, verify_sample, verify_screen
+from specops.triton_kernels import verify_decide, verify_rows, verify_sample, verify_screen, verify_search
 from triton.backends.compiler import GPUTarget
 from uninterpreted import INTERPRETED, rerun_without_interpreter
 
@@ -33,8 +33,8 @@ CASES = [
     ("row_max, all greedy", verify_rows.row_max_kernel, {"ALL_GREEDY": True, "BLOCK_V": 2048}, True),
     ("screen", verify_screen.screen_kernel, {"ALL_GREEDY": False}, True),
     ("screen, all greedy", verify_screen.screen_kernel, {"ALL_GREEDY": True, "RETURN_LOGPROBS": False}, True),
-    ("top-k search", verify_rows.threshold_search_kernel, {"MODE": 0, "BLOCK_V": 256}, False),
-    ("top-p search", verify_rows.threshold_search_kernel, {"MODE": 1, "BLOCK_V": 256}, False),
+    ("top-k search", verify_search.threshold_search_kernel, {"MODE": 0, "BLOCK_V": 256}, False),
+    ("top-p search", verify_search.threshold_search_kernel, {"MODE": 1, "BLOCK_V": 256}, False),
     ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048}, False),
     ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
     ("decide", verify_decide.decide_kernel, {}, False),

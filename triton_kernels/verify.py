@@ -45,17 +45,10 @@ import triton
 
 from .launch import has_pdl, multiprocessor_count
 from .verify_decide import decide_kernel
-from .verify_rows import (
-    NUM_CANDIDATES,
-    SEARCH_ROUNDS,
-    TOP_K_MODE,
-    TOP_P_MODE,
-    fixed_sum_kernel,
-    row_max_kernel,
-    threshold_search_kernel,
-)
+from .verify_rows import fixed_sum_kernel, row_max_kernel
 from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, residual_sample_kernel
 from .verify_screen import screen_kernel
+from .verify_search import NUM_CANDIDATES, SEARCH_ROUNDS, TOP_K_MODE, TOP_P_MODE, threshold_search_kernel
 
 BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
 SUM_WARPS = 4

@@ -19,16 +19,9 @@ from .verify_math import (
     weights,
 )
 from .ragged import draft_range
-from .verify_rows import (
-    request_params,
-    row_fixed_sum,
-    row_fixed_total,
-    row_kth,
-    row_max_argmax,
-    row_max_fixed_sum,
-    exact_inverse,
-    row_p_min,
-)
+from .verify_rows import exact_inverse
+from .verify_search import row_kth, row_p_min
+from .verify_slots import request_params, row_fixed_sum, row_fixed_total, row_max_argmax, row_max_fixed_sum
 from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token, propose_residual
 
 
@@ -56,7 +49,7 @@ def decide_kernel(
     part_arg_ptr,  # [batch * width, num_splits] int32
     part_sum_ptr,  # [batch * width, sum_splits] int64: z1 partials
     part_sum2_ptr,  # [batch * width, sum_splits] int64: z2 partials (HAS_TOP_P)
-    top_k_state_ptr, top_k_agg_ptr, top_p_state_ptr, top_p_agg_ptr,  # searches (verify_rows.py)
+    top_k_state_ptr, top_k_agg_ptr, top_p_state_ptr, top_p_agg_ptr,  # searches (verify_search.py)
     target_ptr,  # [num_tokens, vocab]
     bonus_ptr,  # [batch, vocab]
     draft_ptr,  # [num_tokens] int32 | int64

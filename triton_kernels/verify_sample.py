@@ -32,7 +32,8 @@ from .verify_math import (
     probs,
     processed_weights,
 )
-from .verify_rows import exact_inverse, slot_row
+from .verify_rows import exact_inverse
+from .verify_slots import slot_row
 
 # What the decisions leave for a rejection with draft probs (decide_kernel):
 SAMPLE_FLOATS = tl.constexpr(6)  # sample_float row: max logit, temperature, kth, z1, p_min, z2

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .ragged import draft_range
 from .verify_math import INDEX_MAX, TOP_P_SCALE, chain_launch, load_logits, philox_words, weights
-from .verify_rows import request_params
+from .verify_slots import request_params
 
 MARGIN = tl.constexpr(0.001953125)  # 2^-9: the screen's relative band around p'(x)
 
