@@ -246,6 +246,39 @@ def test_triton_rows_split_across_programs(device, backend, with_top, monkeypatc
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("keep_limit,kept_rows", [(-1, 16), (6, 16), (10**6, 1), (10**6, 16)],
+                         ids=["never-keeps", "keeps-late", "lanes-overflow", "keeps-early"])
+@pytest.mark.parametrize("tiny", [True, False], ids=["tiny-blocks", "default-blocks"])
+def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit, kept_rows, tiny, monkeypatch):
+    """The top-k / top-p searches of splits that read their rows every round, keep their
+    interval's keys in a late or an early round, or overflow a lane's column and read the
+    row again (verify_search.py): the same thresholds, so the reference's tokens, counts and
+    log-probabilities. Target rows continuous (a threshold off by one key changes z1, so the
+    log-probabilities), bonus rows tied; k of 1, 5 and half the vocab (a threshold far below
+    the max among logits one key apart: the rounds that converge), every request random."""
+    from specops.triton_kernels import verify as triton_verify
+
+    monkeypatch.setattr(triton_verify, "SEARCH_KEEP_LIMIT", keep_limit)
+    monkeypatch.setattr(triton_verify, "SEARCH_KEPT_ROWS", kept_rows)
+    if tiny:  # rows of 300 in five programs of a 64-entry block each
+        for name, value in (("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 16)):
+            monkeypatch.setattr(triton_verify, name, value)
+    vocab = 300 if tiny else 2500 if device == "cpu" else 40000
+    inputs = make_inputs([2, 0, 3, 1], vocab, seed=31, greedy_fraction=0.0)
+    inputs["bonus_logits"] = (inputs["bonus_logits"] * 4).round() / 4  # ties inside and across splits
+    # Request 2's rows: one logit of 0, the others consecutive floats from -70 down (each key
+    # once, shuffled), k of half the vocab, T = 10: the k-th largest lies below max - 64 (the
+    # first round, near the max, leaves an interval of ~2^30 keys) among logits one key
+    # apart that weigh in z1, so a threshold one key off changes the log-probabilities.
+    dense = (0xC28C0000 + torch.stack([torch.randperm(vocab) for _ in range(3)])).int().view(torch.float32)
+    inputs["target_logits"][2:5] = dense.index_fill(1, torch.tensor([0]), 0.0)
+    inputs["temperature"][2] = 10.0
+    inputs["top_k"] = torch.tensor([1, 5, vocab // 2, 0], dtype=torch.int32)
+    inputs["top_p"] = torch.tensor([0.9, 0.5, 1.0, 0.75])
+    assert_matches_reference(inputs, 3, device, backend)
+
+
+@pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
 def test_triton_all_greedy_rows_split_across_programs(device, backend, monkeypatch):
     """temperature=None with every row cut into 5 programs and the max tied across split
     boundaries: the screen combines the first argmax of the splits."""

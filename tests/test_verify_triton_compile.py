@@ -21,12 +21,14 @@ from uninterpreted import INTERPRETED, rerun_without_interpreter
 ROW_POINTERS = {"target_ptr": "*bf16", "bonus_ptr": "*bf16", "cu_ptr": "*i32", "part_arg_ptr": "*i32",
                 "draft_ptr": "*i64", "top_k_ptr": "*i32", "seeds_ptr": "*i64", "positions_ptr": "*i64",
                 "out_ptr": "*i32", "num_accepted_ptr": "*i32", "marked_ptr": "*i32", "resume_ptr": "*i32",
-                "sample_int_ptr": "*i64", "arrivals_ptr": "*i32"}
+                "sample_int_ptr": "*i64", "arrivals_ptr": "*i32",
+                "kept_ptr": "*i32", "kept_lanes_ptr": "*i32", "kept_meta_ptr": "*i64"}
 INT_POINTER_SUFFIXES = ("state_ptr", "agg_ptr", "sum_ptr", "sum2_ptr", "mass_ptr")
 SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_round", "num_splits", "sum_splits",
-           "batch"}
+           "batch", "kept_rows", "keep_limit"}
 FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_LOGPROBS": True, "BLOCK_S": 64,
-         "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64, "MASS_BLOCK": 128, "PROPOSAL_ROUND": 4, "PDL": False}
+         "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64, "MASS_BLOCK": 128, "PROPOSAL_ROUND": 4, "UNROLL": 4,
+         "PDL": False}
 
 CASES = [
     ("row_max", verify_rows.row_max_kernel, {"ALL_GREEDY": False, "BLOCK_V": 2048}, True),

@@ -7,7 +7,9 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
 (request, step) pair, B * width of them; programs of unreachable slots exit at once):
 1. row max, first argmax and an approximate normaliser, grid (B * width, S): every
    reachable target and bonus row once;
-2. top-k search (only with top_k given): 8 rounds, grid (B * width, S), top-k rows;
+2. top-k search (only with top_k given): 9 rounds, grid (B * width, S), top-k rows; a
+   split reads its row until few enough of its entries lie in the search interval, then
+   the keys it kept (verify_search.py);
 3. screen, grid (B,): greedy requests finish here; plain random requests settle their
    acceptance tests from the approximate normalisers and mark the steps that need the
    exact one (the rejected or bonus step, and every later step after an unsettled test);
@@ -34,7 +36,8 @@ Bytes, plain random requests: each reachable logit row once, plus, per request, 
 sampled row once more for its exact normaliser (which needs the row max first, see
 verify_rows.py), one block of it per proposal and, at a rejection with draft probs that no
 proposal settled, once again with its draft-probs row for the residual masses. Greedy: each
-row once. With top-k/top-p: +8 reads per threshold per row, and every row's normaliser.
+row once. With top-k/top-p: every row's normaliser, and per threshold the rows again for
+the rounds before a split keeps its interval's keys (about 3 of the 8 on random logits).
 """
 
 from __future__ import annotations
@@ -48,7 +51,15 @@ from .verify_decide import decide_kernel
 from .verify_rows import fixed_sum_kernel, row_max_kernel
 from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, residual_sample_kernel
 from .verify_screen import screen_kernel
-from .verify_search import NUM_CANDIDATES, SEARCH_ROUNDS, TOP_K_MODE, TOP_P_MODE, threshold_search_kernel
+from .verify_search import (
+    AGG_COLUMNS,
+    META_COLUMNS,
+    TOP_K_MODE,
+    TOP_K_ROUNDS,
+    TOP_P_MODE,
+    TOP_P_ROUNDS,
+    threshold_search_kernel,
+)
 
 BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
 SUM_WARPS = 4
@@ -71,7 +82,18 @@ NUM_WARPS = 8
 # one more must fit (B = 64 random: 640 programs on 132 SMs); capped at 48 registers a
 # thread it issues 3 instructions more per 8 entries than uncapped (54, which allows 4).
 ROW_MAX_RESIDENT = 5
-SEARCH_BLOCK_V = 256  # the search tiles [BLOCK_V, 16] candidates
+# The search: each of SEARCH_WARPS * 32 threads holds one entry of a block and its 16
+# candidates' counts (the tile [16, SEARCH_BLOCK_V]), SEARCH_UNROLL blocks loaded a step.
+SEARCH_BLOCK_V = 256
+SEARCH_WARPS = 8
+SEARCH_UNROLL = 4
+# A search split keeps its interval's keys once at most SEARCH_KEEP_LIMIT lie in it
+# (verify_search.py), each lane in a column of SEARCH_KEPT_ROWS: 32 KB a (row, split); its
+# later rounds read those, not the row. -1: never keep. 4096 keeps after the first round on
+# B = 64's rows of 128256 in two splits (bench/search_rounds.py; 32 rows: a lane of 256
+# holds 16 of 4096 keys on average).
+SEARCH_KEEP_LIMIT = 4096
+SEARCH_KEPT_ROWS = 32
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
 DECIDE_WARPS = 8
@@ -160,10 +182,20 @@ def verify(
     mass_block = min(MASS_BLOCK, BLOCK_V)
     block_sum = empty(num_slots, triton.cdiv(vocab, mass_block), dtype=torch.int64)
     part_sum2 = empty(num_slots, sum_splits, dtype=torch.int64) if has_top_p else part_sum
-    rounds = SEARCH_ROUNDS.value
-    search_shapes = ((rounds, num_slots, 2), (rounds, num_slots, num_splits, NUM_CANDIDATES.value + 1))
-    top_k_search = [empty(*s, dtype=torch.int64) for s in search_shapes] if has_top_k else [part_sum, part_sum]
-    top_p_search = [empty(*s, dtype=torch.int64) for s in search_shapes] if has_top_p else [part_sum, part_sum]
+
+    def search_buffers(rounds):  # (lo, hi) before each round, and each round's partials
+        return [empty(rounds, num_slots, 2, dtype=torch.int64),
+                empty(rounds, num_slots, num_splits, AGG_COLUMNS.value, dtype=torch.int64)]
+
+    top_k_search = search_buffers(TOP_K_ROUNDS.value) if has_top_k else [part_sum, part_sum]
+    top_p_search = search_buffers(TOP_P_ROUNDS.value) if has_top_p else [part_sum, part_sum]
+    # The kept keys, shared by the two searches (top-p's round 0 starts afresh).
+    search_block_v = min(SEARCH_BLOCK_V, BLOCK_V)  # powers of two: divides every split
+    kept_rows = max(SEARCH_KEPT_ROWS, 1)
+    num_kept = num_slots * num_splits if has_top_k or has_top_p else 0
+    kept = (empty(num_kept, kept_rows * search_block_v, dtype=torch.int32),
+            empty(num_kept, search_block_v, dtype=torch.int32), empty(num_kept, META_COLUMNS.value, dtype=torch.int64))
+    keeping = (kept_rows, SEARCH_KEEP_LIMIT)
     # Absent optional tensors: any tensor of the right dtype stands in (never read).
     top_k_arg = top_k if has_top_k else cu_num_draft_tokens
     top_p_arg = top_p if has_top_p else part_max
@@ -182,12 +214,11 @@ def verify(
                          BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, PDL=pdl,
                          maxnreg=REGISTERS_PER_SM // (ROW_MAX_RESIDENT * NUM_WARPS * 32) // 8 * 8)
     flags = {"HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_S": block_s}
-    # Powers of two: the smaller blocks divide every split (a multiple of BLOCK_V).
-    search_block_v = min(SEARCH_BLOCK_V, BLOCK_V)
-    for search_round in range(rounds if has_top_k else 0):
-        threshold_search_kernel[grid](*top_k_search, part_max, part_arg, *top_k_search, part_sum, *rows, *params,
-                                      num_tokens, vocab, width, split_len, search_round, MODE=TOP_K_MODE,
-                                      BLOCK_V=search_block_v, **flags, **exact)
+    search_flags = {"BLOCK_V": search_block_v, "UNROLL": SEARCH_UNROLL, "num_warps": SEARCH_WARPS, **flags, **exact}
+    for search_round in range(TOP_K_ROUNDS.value if has_top_k else 0):
+        threshold_search_kernel[grid](*top_k_search, *kept, part_max, part_arg, *top_k_search, part_sum, *rows,
+                                      *params, num_tokens, vocab, width, split_len, search_round, *keeping,
+                                      MODE=TOP_K_MODE, **search_flags)
     marked = empty(batch, 2, dtype=torch.int32)
     resume = empty(batch, dtype=torch.int32)
     draft_probs_arg = draft_probs if draft_probs is not None else part_max
@@ -211,10 +242,10 @@ def verify(
     fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
                                **sum_flags)
     if has_top_p:
-        for search_round in range(rounds):
-            threshold_search_kernel[grid](*top_p_search, part_max, part_arg, *top_k_search, part_sum, *rows,
-                                          *params, num_tokens, vocab, width, split_len, search_round,
-                                          MODE=TOP_P_MODE, BLOCK_V=search_block_v, **flags, **exact)
+        for search_round in range(TOP_P_ROUNDS.value):
+            threshold_search_kernel[grid](*top_p_search, *kept, part_max, part_arg, *top_k_search, part_sum, *rows,
+                                          *params, num_tokens, vocab, width, split_len, search_round, *keeping,
+                                          MODE=TOP_P_MODE, **search_flags)
         fixed_sum_kernel[sum_grid](part_sum2, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=True,
                                    **sum_flags)
 

@@ -135,8 +135,8 @@ def fixed_sum_kernel(
     marked_ptr,  # [batch, 2] int32: the steps whose exact normaliser the decisions need
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
-    top_k_state_ptr,  # [SEARCH_ROUNDS, batch * width, 2] int64
-    top_k_agg_ptr,  # [SEARCH_ROUNDS, batch * width, num_splits, 17] int64
+    top_k_state_ptr,  # [TOP_K_ROUNDS, batch * width, 2] int64 (verify_search.py)
+    top_k_agg_ptr,  # [TOP_K_ROUNDS, batch * width, num_splits, AGG_COLUMNS] int64
     top_p_state_ptr,  # (SECOND) as top_k_state_ptr
     top_p_agg_ptr,  # (SECOND) as top_k_agg_ptr
     first_sum_ptr,  # (SECOND) [batch * width, sum_splits] int64: z1 partials

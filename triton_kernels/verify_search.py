@@ -1,9 +1,23 @@
 """Top-k and top-p thresholds of the Triton ``verify``: an exact 16-ary search over int32
 keys, one launch per round, each row split across programs whose partials add exactly.
 
-Each program adds ``sum weight_v [key_v > c]`` for 16 candidates c over its split (int64,
-exact); the next round's programs combine the partials and narrow the interval. 8 rounds
-cover 32 bits.
+Round r narrows the slot's interval [lo, hi] from the previous round's partials, then each
+program adds ``A(c) = sum weight_v [key_v > c]`` over its split for 16 candidates c
+(int, exact): top-k: key = order key of the logit, weight 1 (the result is the key of the
+k-th largest logit); top-p: key = bits of p = w / z1, weight floor(p 2^32) (the result is
+the least p kept). 8 rounds of evenly spaced candidates cover 32 bits; top-k's searches
+start with a round near the row max (_candidates), so they take 9.
+
+Most of a row lies outside the interval after two or three rounds, and every later
+interval lies inside the current one. So a program whose split holds at most
+``keep_limit`` entries of the current interval (known from the previous round's
+partials: exactly for top-k, bounded by mass / least weight for top-p) keeps their keys
+while it counts: each of the BLOCK_V lanes appends the keys it meets to its own column
+of a [kept_rows, BLOCK_V] buffer (no atomics, no cross-lane scan), and stores the mass
+above hi it counted. Its later rounds read those keys, not the row: A(c) is the stored
+mass above hi plus the kept keys' weights above c, the same integers. A lane that meets
+more than kept_rows keys voids the buffer and the split reads its row again next round.
+Bytes: the row once per round until its split keeps, then the kept keys (about 4 KB).
 """
 
 from __future__ import annotations
@@ -15,28 +29,54 @@ from .verify_math import MASS_SCALE, TOP_P_SCALE, chain_launch, from_order_key, 
 from .verify_slots import request_params, row_fixed_sum, row_max_argmax, slot_row
 
 NUM_CANDIDATES = tl.constexpr(16)  # thresholds tested per search round
-SEARCH_ROUNDS = tl.constexpr(8)  # 16-ary search: 16^8 = 2^32 covers any float key interval
+EVEN_ROUNDS = tl.constexpr(8)  # 16-ary search: 16^8 = 2^32 covers any float key interval
+TOP_K_ROUNDS = tl.constexpr(9)  # one round near the max, then EVEN_ROUNDS from wherever it left
+TOP_P_ROUNDS = tl.constexpr(8)
 TOP_K_MODE = tl.constexpr(0)
 TOP_P_MODE = tl.constexpr(1)
+# Partials per (round, slot, split): A(c_j) for the 16 candidates, the total weight, and
+# A(lo - 1), A(hi) of the round's own interval (the next round's population).
+AGG_COLUMNS = tl.constexpr(19)
+TOTAL_COLUMN = tl.constexpr(16)
+FROM_LO_COLUMN = tl.constexpr(17)
+ABOVE_HI_COLUMN = tl.constexpr(18)
+META_COLUMNS = tl.constexpr(4)  # per (slot, split): rows kept (-1: none), A(hi) then, total, unused
 
 
 @triton.jit
-def _narrow(agg_ptr, lo, hi, num_splits, bound, SCALE: tl.constexpr, USE_TOTAL: tl.constexpr,
-            BLOCK_S: tl.constexpr):
-    """One search step: the smallest c in [lo, hi] with ``A(c) * SCALE < bound`` (true at
-    hi), A(c) the summed partials of the candidates ``lo + j * step`` (j < 16) below hi.
-    USE_TOTAL: bound is multiplied by the summed total (column 16), as top-p needs."""
-    s = tl.arange(0, BLOCK_S)
-    j = tl.arange(0, 2 * NUM_CANDIDATES)  # columns 0..16 used (arange needs a power of 2)
-    tile = tl.load(agg_ptr + s[:, None] * (NUM_CANDIDATES + 1) + j[None, :],
-                   mask=(s < num_splits)[:, None] & (j <= NUM_CANDIDATES)[None, :], other=0)
-    agg = tl.sum(tile, axis=0)  # A(c_j) for j < 16, then the total
-    if USE_TOTAL:
-        bound = bound * tl.sum(tl.where(j == NUM_CANDIDATES, agg, 0), axis=0)
+def _candidates(lo, hi, j, search_round, MODE: tl.constexpr):
+    """The round's candidates (int64, non-decreasing in j; j < 16 meaningful): evenly spaced,
+    lo + j * ceil((hi - lo) / 16), but for top-k's first round the keys of max - d_j, where
+    hi = key(max) and d_j falls from 64 to about 2^-5.2 in steps of 3/4 of a binade (its bits
+    linear in j: the same integers on every device). The even spacing of order keys puts
+    2^23 keys in each binade, so the logits near a row's top share one interval for two
+    rounds; distances from the max put the k-th largest of 128k logits in an interval of a
+    few thousand after one round (bench/NOTES.md)."""
     step = tl.maximum((hi - lo + NUM_CANDIDATES - 1) // NUM_CANDIDATES, 1)
     candidate = lo + j.to(tl.int64) * step
+    if MODE == TOP_K_MODE:
+        distance = ((133 << 23) - j * (3 << 21)).to(tl.int32).to(tl.float32, bitcast=True)
+        near_max = order_key(from_order_key(hi) - distance).to(tl.int64)
+        candidate = tl.where(search_round == 0, near_max, candidate)
+    return candidate
+
+
+@triton.jit
+def _narrow(agg_ptr, lo, hi, num_splits, bound, candidate_round, MODE: tl.constexpr, BLOCK_S: tl.constexpr):
+    """One search step: the smallest c in [lo, hi] with ``A(c) * SCALE < bound`` (true at
+    hi), A(c) the summed partials of round ``candidate_round``'s candidates below hi. Top-p:
+    SCALE 2^24 and the bound times the summed total (column 16); top-k: SCALE 1."""
+    s = tl.arange(0, BLOCK_S)
+    j = tl.arange(0, 2 * NUM_CANDIDATES)  # columns 0..16 used (arange needs a power of 2)
+    tile = tl.load(agg_ptr + s[:, None] * AGG_COLUMNS + j[None, :],
+                   mask=(s < num_splits)[:, None] & (j <= TOTAL_COLUMN)[None, :], other=0)
+    agg = tl.sum(tile, axis=0)  # A(c_j) for j < 16, then the total
+    if MODE == TOP_P_MODE:
+        bound = bound * tl.sum(tl.where(j == TOTAL_COLUMN, agg, 0), axis=0)
+        agg = agg * 16777216
+    candidate = _candidates(lo, hi, j, candidate_round, MODE)
     valid = (j < NUM_CANDIDATES) & (candidate < hi)
-    holds = agg * SCALE < bound
+    holds = agg < bound
     new_hi = tl.min(tl.where(valid & holds, candidate, hi), axis=0)
     new_lo = tl.max(tl.where(valid & ~holds, candidate + 1, lo), axis=0)
     return new_lo, new_hi
@@ -45,18 +85,42 @@ def _narrow(agg_ptr, lo, hi, num_splits, bound, SCALE: tl.constexpr, USE_TOTAL: 
 @triton.jit
 def search_interval(state_ptr, agg_ptr, search_round, slot, num_slots, num_splits, lo, hi, bound,
                     MODE: tl.constexpr, BLOCK_S: tl.constexpr):
-    """The search interval of a slot before round ``search_round`` (SEARCH_ROUNDS: the
-    result, lo == hi). (lo, hi): the initial interval, used in round 0."""
+    """The search interval of a slot before round ``search_round`` (TOP_K_ROUNDS or
+    TOP_P_ROUNDS: the result, lo == hi). (lo, hi): the initial interval, used in round 0."""
     if search_round > 0:
         previous = slot.to(tl.int64) + (search_round - 1) * num_slots
         lo = tl.load(state_ptr + previous * 2)
         hi = tl.load(state_ptr + previous * 2 + 1)
-        agg = agg_ptr + previous * num_splits * (NUM_CANDIDATES + 1)
-        if MODE == TOP_K_MODE:
-            lo, hi = _narrow(agg, lo, hi, num_splits, bound, 1, False, BLOCK_S)
-        else:
-            lo, hi = _narrow(agg, lo, hi, num_splits, bound, 16777216, True, BLOCK_S)
+        agg = agg_ptr + previous * num_splits * AGG_COLUMNS
+        lo, hi = _narrow(agg, lo, hi, num_splits, bound, search_round - 1, MODE, BLOCK_S)
     return lo, hi
+
+
+@triton.jit
+def split_population(state_ptr, agg_ptr, search_round, slot, num_slots, num_splits, split, lo, hi,
+                     MODE: tl.constexpr):
+    """Entries of one split with a key in [lo, hi], the interval of round ``search_round``
+    (> 0), from that split's partials of the round before: A(lo - 1) - A(hi), both among
+    its candidates or its own interval's ends. Top-k: exact (weight 1). Top-p: that mass
+    over the least weight a key >= lo has, an upper bound (huge where that weight is 0)."""
+    previous = slot.to(tl.int64) + (search_round - 1) * num_slots
+    previous_lo = tl.load(state_ptr + previous * 2)
+    previous_hi = tl.load(state_ptr + previous * 2 + 1)
+    column = tl.arange(0, 2 * NUM_CANDIDATES)
+    partial = tl.load(agg_ptr + (previous * num_splits + split) * AGG_COLUMNS + column,
+                      mask=column < AGG_COLUMNS, other=0)
+    candidate = tl.minimum(tl.maximum(_candidates(previous_lo, previous_hi, column, search_round - 1, MODE), -2147483648), 2147483647)
+    key = tl.where(column < NUM_CANDIDATES, candidate,
+                   tl.where(column == FROM_LO_COLUMN, previous_lo - 1,
+                            tl.where(column == ABOVE_HI_COLUMN, previous_hi, -(2 ** 40))))
+    from_lo = tl.max(tl.where(key == lo - 1, partial, -1), axis=0)
+    above_hi = tl.max(tl.where(key == hi, partial, -1), axis=0)
+    huge = tl.full([], 2 ** 62, tl.int64)
+    population = from_lo - above_hi
+    if MODE == TOP_P_MODE:
+        least = tl.floor(lo.to(tl.int32).to(tl.float32, bitcast=True) * MASS_SCALE).to(tl.int64)
+        population = tl.where(least > 0, population // tl.maximum(least, 1), huge)
+    return tl.where((from_lo >= 0) & (above_hi >= 0), population, huge)
 
 
 @triton.jit
@@ -80,7 +144,7 @@ def row_kth(state_ptr, agg_ptr, slot, num_slots, num_splits, uses_top_k, top_k, 
     kth = tl.full([], float("-inf"), tl.float32)
     if uses_top_k:
         lo, hi = top_k_initial(max_logit)
-        lo, hi = search_interval(state_ptr, agg_ptr, SEARCH_ROUNDS, slot, num_slots, num_splits, lo, hi,
+        lo, hi = search_interval(state_ptr, agg_ptr, TOP_K_ROUNDS, slot, num_slots, num_splits, lo, hi,
                                  top_k.to(tl.int64), TOP_K_MODE, BLOCK_S)
         kth = from_order_key(hi)
     return kth
@@ -92,22 +156,67 @@ def row_p_min(state_ptr, agg_ptr, slot, num_slots, num_splits, uses_top_p, top_p
     p_min = tl.zeros([], tl.float32)
     if uses_top_p:
         lo, hi, threshold = top_p_initial(top_p)
-        lo, hi = search_interval(state_ptr, agg_ptr, SEARCH_ROUNDS, slot, num_slots, num_splits, lo, hi,
+        lo, hi = search_interval(state_ptr, agg_ptr, TOP_P_ROUNDS, slot, num_slots, num_splits, lo, hi,
                                  threshold, TOP_P_MODE, BLOCK_S)
         p_min = hi.to(tl.int32).to(tl.float32, bitcast=True)
     return p_min
 
 
+@triton.jit
+def _kept_weight(key, present, MODE: tl.constexpr):
+    """The weight of a kept key (0 where absent): 1 (top-k), floor(p 2^32) of p's bits (top-p)."""
+    if MODE == TOP_K_MODE:
+        weight = present.to(tl.int32)
+    else:
+        weight = tl.where(present, tl.floor(key.to(tl.float32, bitcast=True) * MASS_SCALE).to(tl.int64), 0)
+    return weight
+
+
+@triton.jit
+def _load_block(row_ptr, v, end):
+    """One block of a row's logits (float32; -inf past ``end``) and where it lies inside."""
+    inside = v < end
+    return load_logits(row_ptr, v, inside), inside
+
+
+@triton.jit
+def _add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above_hi, totals,
+               lane_count, candidate, lo32, hi32, keys_ptr, kept_rows, keep, MODE: tl.constexpr,
+               BLOCK_V: tl.constexpr):
+    """A block's keys and weights added into the per-lane partials (and, when ``keep``, the
+    keys of [lo, hi] appended to their lanes' columns)."""
+    if MODE == TOP_K_MODE:
+        key = order_key(z)
+        weight = inside.to(tl.int32)
+    else:
+        p = tl.math.div_rn(weights(z, max_logit, temperature, kth), z1)
+        key = p.to(tl.int32, bitcast=True)
+        weight = tl.where(inside, tl.floor(p * MASS_SCALE).to(tl.int64), 0)
+    counts += tl.where(key[None, :] > candidate[:, None], weight[None, :], 0)
+    from_lo += tl.where(key >= lo32, weight, 0)
+    above_hi += tl.where(key > hi32, weight, 0)
+    totals += weight.to(tl.int64)
+    if keep:
+        kept = inside & (key >= lo32) & (key <= hi32)
+        tl.store(keys_ptr + lane_count.to(tl.int64) * BLOCK_V, key, mask=kept & (lane_count < kept_rows))
+        lane_count += kept.to(tl.int32)
+    return counts, from_lo, above_hi, totals, lane_count
+
+
 # Grid (batch * width, num_splits), one launch per round. Program (slot, s) narrows the
-# slot's interval from the previous round's partials (split 0 records it), then adds
-# ``A(c) = sum weight_v [key_v > c]`` over its split for the round's 16 candidates c:
-# top-k: key = order key of the logit, weight 1 (c* = key of the k-th largest logit);
-# top-p: key = bits of p = w / z1, weight floor(p 2^32), and the total mass (column 16).
-# Bytes: the row once per round, for the slots that use the threshold only.
-@triton.jit(do_not_specialize=["num_tokens", "width", "search_round"])
+# slot's interval from the previous round's partials (split 0 records it), then adds A(c)
+# for the round's 16 candidates, the total weight and A(lo - 1), A(hi) over its split: from
+# its row, keeping the interval's keys when few enough, or from the keys it kept in an
+# earlier round. Each thread adds into its own entries' counts (int32 for top-k's 0/1
+# weights), reduced once after the loop. Bytes: the row once per round until the split
+# keeps, for the slots that use the threshold only.
+@triton.jit(do_not_specialize=["num_tokens", "width", "search_round", "kept_rows", "keep_limit"])
 def threshold_search_kernel(
-    state_ptr,  # [SEARCH_ROUNDS, batch * width, 2] int64: (lo, hi) before each round
-    agg_ptr,  # [SEARCH_ROUNDS, batch * width, num_splits, 17] int64
+    state_ptr,  # [rounds, batch * width, 2] int64: (lo, hi) before each round (TOP_K_ROUNDS / TOP_P_ROUNDS)
+    agg_ptr,  # [rounds, batch * width, num_splits, AGG_COLUMNS] int64
+    kept_ptr,  # [batch * width, num_splits, kept_rows, BLOCK_V] int32: kept keys, a column a lane
+    kept_lanes_ptr,  # [batch * width, num_splits, BLOCK_V] int32: keys kept by each lane
+    kept_meta_ptr,  # [batch * width, num_splits, META_COLUMNS] int64
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
     top_k_state_ptr,  # top-k search of the same shapes (read in TOP_P_MODE)
@@ -124,11 +233,14 @@ def threshold_search_kernel(
     width,
     split_len,
     search_round,
+    kept_rows,  # rows of the kept-key buffer
+    keep_limit,  # keep a split's interval keys when at most this many (-1: never)
     MODE: tl.constexpr,
     HAS_TOP_K: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    UNROLL: tl.constexpr = 4,  # 1, 2 or 4 blocks a step; the split, a multiple of UNROLL * BLOCK_V or not
     PDL: tl.constexpr = False,
 ):
     chain_launch(PDL)
@@ -162,24 +274,88 @@ def threshold_search_kernel(
             tl.store(state_ptr + here * 2, lo)
             tl.store(state_ptr + here * 2 + 1, hi)
         j = tl.arange(0, NUM_CANDIDATES)
-        candidate = lo + j.to(tl.int64) * tl.maximum((hi - lo + NUM_CANDIDATES - 1) // NUM_CANDIDATES, 1)
-        above = tl.zeros([NUM_CANDIDATES], tl.int64)
-        total = tl.zeros([BLOCK_V], tl.int64)
-        v_begin = split * split_len
-        offset = 0
-        while offset < split_len:
-            v = v_begin + offset + tl.arange(0, BLOCK_V)
-            z = load_logits(row_ptr, v, v < vocab)
-            if MODE == TOP_K_MODE:
-                key = order_key(z).to(tl.int64)
-                weight = (v < vocab).to(tl.int64)
-            else:
-                p = tl.math.div_rn(weights(z, max_logit, temperature, kth), z1)
-                key = p.to(tl.int32, bitcast=True).to(tl.int64)
-                weight = tl.where(v < vocab, tl.floor(p * MASS_SCALE).to(tl.int64), 0)
-            above += tl.sum(tl.where(key[:, None] > candidate[None, :], weight[:, None], 0), axis=0)
-            total += weight
-            offset += BLOCK_V
-        out = agg_ptr + (here * num_splits + split) * (NUM_CANDIDATES + 1)
-        tl.store(out + j, above)
-        tl.store(out + NUM_CANDIDATES, tl.sum(total, axis=0))
+        # The keys are int32 (order keys; the bits of p in [0, 1]), and so are lo and hi:
+        # int32 compares (the candidates clamped to int32 all the same).
+        candidate = tl.minimum(tl.maximum(_candidates(lo, hi, j, search_round, MODE), -2147483648),
+                               2147483647).to(tl.int32)
+        lo32 = lo.to(tl.int32)
+        hi32 = hi.to(tl.int32)
+        this = slot.to(tl.int64) * num_splits + split
+        meta_ptr = kept_meta_ptr + this * META_COLUMNS
+        lane = tl.arange(0, BLOCK_V)
+        lanes_ptr = kept_lanes_ptr + this * BLOCK_V + lane
+        keys_ptr = kept_ptr + this * kept_rows * BLOCK_V + lane
+        rows_kept = tl.full([], -1, tl.int64)
+        if search_round > 0:
+            rows_kept = tl.load(meta_ptr)
+        if MODE == TOP_K_MODE:
+            counts = tl.zeros([NUM_CANDIDATES, BLOCK_V], tl.int32)
+            from_lo = tl.zeros([BLOCK_V], tl.int32)
+            above_hi = tl.zeros([BLOCK_V], tl.int32)
+        else:
+            counts = tl.zeros([NUM_CANDIDATES, BLOCK_V], tl.int64)
+            from_lo = tl.zeros([BLOCK_V], tl.int64)
+            above_hi = tl.zeros([BLOCK_V], tl.int64)
+        if rows_kept >= 0:  # this split kept its keys in an earlier round
+            lane_count = tl.load(lanes_ptr)
+            row = 0
+            while row < rows_kept:
+                present = row < lane_count
+                key = tl.load(keys_ptr + row * BLOCK_V, mask=present, other=0)
+                weight = _kept_weight(key, present, MODE)
+                counts += tl.where(key[None, :] > candidate[:, None], weight[None, :], 0)
+                from_lo += tl.where(key >= lo32, weight, 0)
+                above_hi += tl.where(key > hi32, weight, 0)
+                row += 1
+            base = tl.load(meta_ptr + 1)  # A(hi) when the keys were kept: the mass above them
+            total = tl.load(meta_ptr + 2)
+        else:
+            keep = False
+            if search_round > 0:
+                keep = split_population(state_ptr, agg_ptr, search_round, slot, num_slots, num_splits, split, lo,
+                                        hi, MODE) <= keep_limit
+            lane_count = tl.zeros([BLOCK_V], tl.int32)
+            totals = tl.zeros([BLOCK_V], tl.int64)
+            v_begin = split * split_len
+            end = tl.minimum(v_begin + split_len, vocab)
+            weighting = (max_logit, temperature, kth, z1)
+            offset = v_begin
+            # UNROLL blocks a step, their loads issued first: more bytes in flight a thread.
+            while offset < end:
+                z0, in0 = _load_block(row_ptr, offset + lane, end)
+                if UNROLL > 1:
+                    z1_, in1 = _load_block(row_ptr, offset + BLOCK_V + lane, end)
+                if UNROLL > 2:
+                    z2, in2 = _load_block(row_ptr, offset + 2 * BLOCK_V + lane, end)
+                    z3, in3 = _load_block(row_ptr, offset + 3 * BLOCK_V + lane, end)
+                counts, from_lo, above_hi, totals, lane_count = _add_block(
+                    z0, in0, *weighting, counts, from_lo, above_hi, totals, lane_count, candidate, lo32, hi32, keys_ptr,
+                    kept_rows, keep, MODE, BLOCK_V)
+                if UNROLL > 1:
+                    counts, from_lo, above_hi, totals, lane_count = _add_block(
+                        z1_, in1, *weighting, counts, from_lo, above_hi, totals, lane_count, candidate, lo32, hi32,
+                        keys_ptr, kept_rows, keep, MODE, BLOCK_V)
+                if UNROLL > 2:
+                    counts, from_lo, above_hi, totals, lane_count = _add_block(
+                        z2, in2, *weighting, counts, from_lo, above_hi, totals, lane_count, candidate, lo32, hi32,
+                        keys_ptr, kept_rows, keep, MODE, BLOCK_V)
+                    counts, from_lo, above_hi, totals, lane_count = _add_block(
+                        z3, in3, *weighting, counts, from_lo, above_hi, totals, lane_count, candidate, lo32, hi32,
+                        keys_ptr, kept_rows, keep, MODE, BLOCK_V)
+                offset += UNROLL * BLOCK_V
+            base = tl.zeros([], tl.int64)
+            total = tl.sum(totals, axis=0)
+            if search_round == 0:
+                tl.store(meta_ptr, -1)
+            if keep:
+                most = tl.max(lane_count, axis=0)
+                if most <= kept_rows:  # else a lane overflowed: read the row again next round
+                    tl.store(lanes_ptr, lane_count)
+                    tl.store(meta_ptr + 1, tl.sum(above_hi.to(tl.int64), axis=0))
+                    tl.store(meta_ptr + 2, total)
+                    tl.store(meta_ptr, most.to(tl.int64))
+        out = agg_ptr + (here * num_splits + split) * AGG_COLUMNS
+        tl.store(out + j, tl.sum(counts.to(tl.int64), axis=1) + base)
+        tl.store(out + TOTAL_COLUMN, total)
+        tl.store(out + FROM_LO_COLUMN, tl.sum(from_lo.to(tl.int64), axis=0) + base)
+        tl.store(out + ABOVE_HI_COLUMN, tl.sum(above_hi.to(tl.int64), axis=0) + base)
