@@ -10,6 +10,10 @@ Rows, all from fp32 target logits (+ bonus logits), temperature 1 (greedy: 0):
   torch-eager        softmax, then the decomposed pipeline written in torch (bench_sampling).
   flashinfer         flashinfer.sampling.softmax + chain_speculative_sampling ("full").
   flashinfer-kern    chain_speculative_sampling alone, from ready probs ("kern").
+Filtered rows (FILTERED_SHAPES, mode "random+topk50+topp0.9"): every request with top-k
+then top-p; torch eager filters by topk and sort, FlashInfer by top_k_renorm_probs and
+top_p_renorm_probs, both after a softmax and before the same pipelines; the floor is the
+unfiltered one (a row can be filtered in the pass that reads it).
 Floor (ANCHORS.md): every target and bonus logit row read once, plus one residual row
 pair per request (random: target and draft rows; n-gram: the target row; greedy: none):
 4 V (T + B + r B) bytes, r = 2 random, 1 n-gram, 0 greedy, over the copy bandwidth.
@@ -55,26 +59,59 @@ FLASHINFER_FULL_ANCHOR_US = {
     (64, 8, 151936, "random"): 644, (64, 4, 32000, "random"): 93,
 }
 ANCHOR_LABEL = "FlashInfer full (ANCHORS.md, H100)"
+# (B, k, V, mode, top_k, top_p): every request filtered by top-k then top-p.
+FILTERED_SHAPES = [(64, 4, 128256, "random", 50, 0.9), (16, 4, 128256, "random", 50, 0.9),
+                   (1, 4, 128256, "random", 50, 0.9)]
+QUICK_FILTERED_SHAPES = [(8, 3, 5000, "random", 50, 0.9)]
 
 
-def verify_args(x, device) -> tuple:
-    """specops.verify's arguments for bench_sampling's inputs."""
+def verify_args(x, device, top_k: int | None = None, top_p: float | None = None) -> tuple:
+    """specops.verify's arguments for bench_sampling's inputs (every request with the same
+    top-k / top-p when given)."""
     B, k, V = x.shape
     temperature = torch.full((B,), 0.0 if x.mode == "greedy" else 1.0, device=device)
     seeds = torch.arange(B, dtype=torch.int64, device=device) + 1000
     positions = torch.full((B,), 17, dtype=torch.int64, device=device)
     bonus_logits = x.logits_with_bonus[:, k].contiguous()
+    top_k = None if top_k is None else torch.full((B,), top_k, dtype=torch.int32, device=device)
+    top_p = None if top_p is None else torch.full((B,), top_p, dtype=torch.float32, device=device)
     return (x.target_logits.contiguous(), bonus_logits, x.draft_token_ids, x.draft_probs, x.cu_num_draft_tokens,
-            temperature, None, None, seeds, positions, k)
+            temperature, top_k, top_p, seeds, positions, k)
 
 
 def first_requests(args: tuple, count: int, k: int) -> tuple:
     """The same call restricted to its first ``count`` requests (k drafts each), on the CPU."""
     rows = count * k
     target, bonus, drafts, draft_probs, cu, temperature, top_k, top_p, seeds, positions, width = args
+    first = lambda t: None if t is None else t[:count].cpu()  # noqa: E731
     return (target[:rows].cpu(), bonus[:count].cpu(), drafts[:rows].cpu(),
-            None if draft_probs is None else draft_probs[:rows].cpu(), cu[:count].cpu(), temperature[:count].cpu(),
-            top_k, top_p, seeds[:count].cpu(), positions[:count].cpu(), width)
+            None if draft_probs is None else draft_probs[:rows].cpu(), cu[:count].cpu(), first(temperature),
+            first(top_k), first(top_p), first(seeds), first(positions), width)
+
+
+def filtered_probs(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """torch eager top-k then top-p (on the renormalised top-k probs) of each row, by sorting."""
+    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+    probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    outside = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p  # the mass before a token reaches top_p
+    probs = probs.scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def flashinfer_filtered(flashinfer, top_k: int, top_p: float):
+    """FlashInfer's path from logits with top-k and top-p: softmax, top_k_renorm_probs,
+    top_p_renorm_probs, chain_speculative_sampling."""
+    def run(x) -> torch.Tensor:
+        B, k, V = x.shape
+        probs = flashinfer.sampling.softmax(x.logits_with_bonus.view(-1, V))
+        probs = flashinfer.sampling.top_k_renorm_probs(probs, top_k)
+        probs = flashinfer.sampling.top_p_renorm_probs(probs, top_p).view(B, k + 1, V)
+        out, _, _ = flashinfer.sampling.chain_speculative_sampling(
+            x.flashinfer_draft_probs, x.draft_token_ids.view(B, k), probs)
+        return out
+
+    return run
 
 
 def floor_bytes(B: int, k: int, V: int, mode: str) -> int:
@@ -98,24 +135,25 @@ def graph_time_us(fn, device, iters: int, queued: bool = False) -> float:
     return common.time_us(graph.replay, device, iters=iters, queued=queued)
 
 
-def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters) -> list[dict]:
+def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters, top_k=None, top_p=None) -> list[dict]:
     B, k, V = x.shape
     rows = []
+    mode = x.mode + (f"+topk{top_k}" if top_k else "") + (f"+topp{top_p}" if top_p else "")
 
     def add(impl: str, fn, note: str = "") -> None:
         try:
             us = common.time_us(fn, device, iters=iters)
         except Exception as error:  # a kernel that is missing or failing: report, go on
-            print(f"skipped {impl} B={B} k={k} V={V} {x.mode}: {type(error).__name__}: {error}")
+            print(f"skipped {impl} B={B} k={k} V={V} {mode}: {type(error).__name__}: {error}")
             return
-        row = {"bench": "verify", "impl": impl, "B": B, "k": k, "V": V, "mode": x.mode, "us": round(us, 2),
+        row = {"bench": "verify", "impl": impl, "B": B, "k": k, "V": V, "mode": mode, "us": round(us, 2),
                "floor_us": round(floor_bytes(B, k, V, x.mode) / copy_bw_tbs / 1e6, 2)}
         if impl.startswith("specops") and device.type == "cuda":
             row["us_graph"] = round(graph_time_us(fn, device, iters), 2)
             row["us_graph_queued"] = round(graph_time_us(fn, device, iters, queued=True), 2)
         rows.append(row | ({"note": note} if note else {}))
 
-    args = verify_args(x, device)
+    args = verify_args(x, device, top_k, top_p)
     small = first_requests(args, min(B, CHECKED_REQUESTS), k)
     want = reference_verify(*small)
     variants = [("", args, small)]
@@ -131,9 +169,15 @@ def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters) -> list[dic
                 got = tuple(t[: small[4].shape[0]] for t in run()[:2])
             note = "temperature=None" if call_args[5] is None else ""
             if not all(torch.equal(g.cpu(), w) for g, w in zip(got[:2], want[:2])):
-                print(f"*** MISMATCH: {impl} B={B} k={k} V={V} {x.mode} differs from the reference")
+                print(f"*** MISMATCH: {impl} B={B} k={k} V={V} {mode} differs from the reference")
                 note = "output differs from the reference"
             add(impl, run, note)
+    if top_k or top_p:  # every request filtered (bench_filtered's shapes): the peers' filtered paths
+        add("torch-eager", lambda: torch_pipeline(x, filtered_probs(x.target_logits, top_k, top_p), *draw(x)))
+        if flashinfer is not None:
+            add("flashinfer", functools.partial(flashinfer_filtered(flashinfer, top_k, top_p), x),
+                note="softmax + top_k_renorm_probs + top_p_renorm_probs + chain_speculative_sampling")
+        return rows
     add("torch-eager", lambda: torch_pipeline(x, full_input(x), *draw(x)))
     if flashinfer is not None and x.mode != "greedy":
         add("flashinfer", functools.partial(flashinfer_pipeline(flashinfer, from_logits=True), x),
@@ -151,6 +195,7 @@ def main() -> None:
     parser.add_argument("--no-flashinfer", action="store_true")
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--backends", default=None, help="comma-separated specops backends (default: all here)")
+    parser.add_argument("--only-filtered", action="store_true", help="only the top-k / top-p shapes")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
@@ -164,9 +209,12 @@ def main() -> None:
         backends = ["cpu"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" else [])
     flashinfer = None if args.no_flashinfer or device.type != "cuda" else import_flashinfer()
     rows = []
-    for B, k, V, mode in QUICK_SHAPES if args.quick else SHAPES:
+    plain = QUICK_SHAPES if args.quick else SHAPES
+    shapes = [] if args.only_filtered else [(*shape, None, None) for shape in plain]
+    shapes += QUICK_FILTERED_SHAPES if args.quick else FILTERED_SHAPES
+    for B, k, V, mode, top_k, top_p in shapes:
         x = make_inputs(B, k, V, mode, device, flashinfer is not None)
-        rows += bench_shape(x, device, backends, flashinfer, env["copy_bw_tbs"], args.iters)
+        rows += bench_shape(x, device, backends, flashinfer, env["copy_bw_tbs"], args.iters, top_k, top_p)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print()

@@ -46,18 +46,28 @@ def call_kernel_times(call, calls: int, warmup: int = 20) -> dict[str, float]:
     return dict(totals)
 
 
+def add_set_option(parser: argparse.ArgumentParser) -> None:
+    """--set NAME=VALUE (repeatable): an integer launch constant of triton_kernels/verify.py."""
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="override an integer launch constant of triton_kernels/verify.py")
+
+
+def apply_settings(settings: list[str]) -> None:
+    """Each --set NAME=VALUE, checked to name an integer launch constant."""
+    for setting in settings:
+        name, value = setting.split("=")
+        assert isinstance(getattr(triton_verify, name), int), f"{name} is not a launch constant"
+        setattr(triton_verify, name, int(value))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="B:k:V:mode, comma-separated")
     parser.add_argument("--backend", default="triton")
     parser.add_argument("--replays", type=int, default=50)
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="override an integer launch constant of triton_kernels/verify.py")
+    add_set_option(parser)
     args = parser.parse_args()
-    for setting in args.set:
-        name, value = setting.split("=")
-        assert isinstance(getattr(triton_verify, name), int), f"{name} is not a launch constant"
-        setattr(triton_verify, name, int(value))
+    apply_settings(args.set)
     device = torch.device("cuda")
     torch.manual_seed(0)  # the same inputs in every process: A/B runs compare like with like
     for shape in args.shapes.split(","):
