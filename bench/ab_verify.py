@@ -5,6 +5,7 @@ one process, alternating rounds of queued graph replays, outputs checked equal f
     python bench/ab_verify.py --base .ab_base               # there: with the copy carried
     python bench/ab_verify.py --base .ab_base --shapes 64:4:128256:random:topk50:topp0.9:logprobs --profile
     python bench/ab_verify.py --set SEARCH_BLOCK_V=512      # this tree alone, a constant changed
+    python bench/ab_verify.py --variant SEARCH_UNROLL=2 --variant SEARCH_KEEP_LIMIT=-1   # sides in one process
 
 A shape is B:k:V:mode, then optional tags: topkN (every request top_k = N), toppF (every
 request top_p = F), logprobs (return the log-probabilities). Times are medians over rounds
@@ -62,6 +63,25 @@ def shape_call(shape: str, device: torch.device) -> tuple[str, tuple, bool]:
     return shape, tuple(args), logprobs
 
 
+def with_settings(settings: str):
+    """This tree's launcher with launch constants changed for the call ("NAME=VALUE,..."),
+    then restored: a graph captured from it keeps the launches it made."""
+    def launch(*args):
+        saved = {}
+        for setting in settings.split(","):
+            name, value = setting.split("=")
+            assert isinstance(getattr(this_verify, name), int), f"{name} is not a launch constant"
+            saved[name] = getattr(this_verify, name)
+            setattr(this_verify, name, int(value))
+        try:
+            return this_verify.verify(*args)
+        finally:
+            for name, value in saved.items():
+                setattr(this_verify, name, value)
+
+    return launch
+
+
 def graph_of(fn):
     """``fn`` captured in a CUDA graph (after one eager call: compiles, allocates)."""
     fn()
@@ -79,13 +99,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--profile", action="store_true", help="also print each variant's kernel times")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (no graphs)")
     add_set_option(parser)  # this tree's constants
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
+                        help="one more side: this tree with these launch constants (in the same process)")
     args = parser.parse_args()
     apply_settings(args.set)
-    variants = {"this": this_verify.verify}
+    variants = {"this": this_verify.verify} | {settings: with_settings(settings) for settings in args.variant}
     if args.base:
         variants = {"base": load_base(args.base).verify, **variants}
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     summary = []
     for shape in args.shapes.split(","):
         torch.manual_seed(0)  # the same inputs in every process
@@ -94,22 +117,24 @@ def main() -> None:
         outputs = {name: [t.clone() for t in fn()] for name, fn in fns.items()}
         first = next(iter(outputs.values()))
         equal = all(all(torch.equal(a, b) for a, b in zip(first, out)) for out in outputs.values())
-        graphs = {name: graph_of(fn) for name, fn in fns.items()}
+        on_gpu = device.type == "cuda"
+        graphs = {name: graph_of(fn).replay if on_gpu else fn for name, fn in fns.items()}
         times = {name: [] for name in fns}
         for _ in range(args.rounds):
-            for name, graph in graphs.items():
-                times[name].append(common.time_us(graph.replay, device, iters=args.iters, queued=True))
+            for name, replay in graphs.items():
+                times[name].append(common.time_us(replay, device, iters=args.iters, queued=True))
         medians = {name: statistics.median(t) for name, t in times.items()}
         summary.append((label, medians, equal))
         print(f"{label}: " + ", ".join(f"{n} {us:.1f} us" for n, us in medians.items())
               + ("" if equal else "  *** OUTPUTS DIFFER"), flush=True)
-        if args.profile:
-            for name, graph in graphs.items():
-                kernels = call_kernel_times(graph.replay, 20)
+        if args.profile and on_gpu:
+            for name, replay in graphs.items():
+                kernels = call_kernel_times(replay, 20)
                 print(f"  {name}: " + ", ".join(f"{k.split('_kernel')[0][:24]} {us:.1f}"
                                                 for k, us in sorted(kernels.items(), key=lambda kv: -kv[1])))
         del graphs
-        torch.cuda.empty_cache()
+        if on_gpu:
+            torch.cuda.empty_cache()
     print("\n| shape | " + " | ".join(variants) + " | outputs |")
     print("|---|" + "---|" * len(variants) + "---|")
     for label, medians, equal in summary:

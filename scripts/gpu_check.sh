@@ -5,6 +5,7 @@
 #   scripts/gpu_check.sh memcheck                # compute-sanitizer over the kernels' GPU tests
 #   scripts/gpu_check.sh bench-verify bench-attention bench-e2e bench-sampling
 #   scripts/gpu_check.sh build tests+memcheck bench   # what a full session runs
+#   scripts/gpu_check.sh build ab-search              # the top-k/top-p searches (bench/ab_verify.py)
 # ATTENTION_QUICK=1 / E2E_QUICK=1 run only the key shapes of those benchmarks.
 # FlashInfer is installed from .whl/ when present (see bench/README.md); `build` also
 # compiles FlashInfer's benchmark kernels in the background (bench/flashinfer_warmup.py),
@@ -93,6 +94,17 @@ run_stage() {
     bench-sampling)
       wait_warmup
       python3 bench/bench_sampling.py --out "$LOG" 2>&1 | tee "$LOG/bench_sampling.log" | tail -60
+      ;;
+    ab-search)  # the top-k/top-p searches: against .ab_base/ when there (git archive REV triton_kernels |
+      # tar -x -C .ab_base, carried), their launch constants in the same process, the row passes
+      (cd bench
+       base=""; [ -d ../.ab_base/triton_kernels ] && base="--base ../.ab_base"
+       # shellcheck disable=SC2086
+       python3 ab_verify.py $base --profile 2>&1 | tee "$LOG/ab_verify.log" | tail -12
+       python3 ab_verify.py --variant SEARCH_KEEP_LIMIT=-1 --variant SEARCH_UNROLL=2 --variant SEARCH_KEEP_LIMIT=1024 \
+         --shapes 64:4:128256:random:topk50,64:4:128256:random:topp0.9,16:4:128256:random:topk50:topp0.9 \
+         2>&1 | tee "$LOG/search_sweep.log" | tail -6
+       python3 search_rounds.py 2>&1 | tee "$LOG/search_rounds.log")
       ;;
     bench)
       for b in bench-verify bench-attention bench-e2e; do run_stage "$b"; done
