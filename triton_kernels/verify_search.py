@@ -8,7 +8,7 @@ k-th largest logit); top-p: key = bits of p = w / z1, weight floor(p 2^32) (the 
 the least p kept). 8 rounds of evenly spaced candidates cover 32 bits; top-k's searches
 start with a round near the row max (_candidates), so they take 9.
 
-Most of a row lies outside the interval after two or three rounds, and every later
+Most of a row lies outside the interval after one or two rounds, and every later
 interval lies inside the current one. So a program whose split holds at most
 ``keep_limit`` entries of the current interval (known from the previous round's
 partials: exactly for top-k, bounded by mass / least weight for top-p) keeps their keys
@@ -17,7 +17,8 @@ of a [kept_rows, BLOCK_V] buffer (no atomics, no cross-lane scan), and stores th
 above hi it counted. Its later rounds read those keys, not the row: A(c) is the stored
 mass above hi plus the kept keys' weights above c, the same integers. A lane that meets
 more than kept_rows keys voids the buffer and the split reads its row again next round.
-Bytes: the row once per round until its split keeps, then the kept keys (about 4 KB).
+Bytes: the row once per round until its split keeps (2 reads a search on 128k random
+logits, bench/search_rounds.py), then the kept keys (at most kept_rows * BLOCK_V int32).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from .verify_slots import request_params, row_fixed_sum, row_max_argmax, slot_ro
 
 NUM_CANDIDATES = tl.constexpr(16)  # thresholds tested per search round
 EVEN_ROUNDS = tl.constexpr(8)  # 16-ary search: 16^8 = 2^32 covers any float key interval
-TOP_K_ROUNDS = tl.constexpr(9)  # one round near the max, then EVEN_ROUNDS from wherever it left
-TOP_P_ROUNDS = tl.constexpr(8)
+TOP_K_ROUNDS = tl.constexpr(EVEN_ROUNDS.value + 1)  # one round near the max, then EVEN_ROUNDS from there
+TOP_P_ROUNDS = EVEN_ROUNDS
 TOP_K_MODE = tl.constexpr(0)
 TOP_P_MODE = tl.constexpr(1)
 # Partials per (round, slot, split): A(c_j) for the 16 candidates, the total weight, and
@@ -40,7 +41,7 @@ AGG_COLUMNS = tl.constexpr(19)
 TOTAL_COLUMN = tl.constexpr(16)
 FROM_LO_COLUMN = tl.constexpr(17)
 ABOVE_HI_COLUMN = tl.constexpr(18)
-META_COLUMNS = tl.constexpr(4)  # per (slot, split): rows kept (-1: none), A(hi) then, total, unused
+META_COLUMNS = tl.constexpr(3)  # per (slot, split): rows kept (-1: none), A(hi) then, total
 
 
 @triton.jit
@@ -240,7 +241,7 @@ def threshold_search_kernel(
     HAS_TOP_P: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    UNROLL: tl.constexpr = 4,  # 1, 2 or 4 blocks a step; the split, a multiple of UNROLL * BLOCK_V or not
+    UNROLL: tl.constexpr = 4,  # blocks loaded a step: 1, 2 or 4 (masked past the split's end)
     PDL: tl.constexpr = False,
 ):
     chain_launch(PDL)
