@@ -246,20 +246,25 @@ def test_triton_rows_split_across_programs(device, backend, with_top, monkeypatc
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
-@pytest.mark.parametrize("keep_limit,kept_rows", [(-1, 16), (6, 16), (10**6, 1), (10**6, 16)],
-                         ids=["never-keeps", "keeps-late", "lanes-overflow", "keeps-early"])
+@pytest.mark.parametrize("keep_limit,kept_rows,kept_bytes", [(-1, 16, None), (6, 16, None), (10**6, 1, None),
+                                                              (10**6, 16, None), (10**6, 16, 1)],
+                         ids=["never-keeps", "keeps-late", "lanes-overflow", "keeps-early", "over-byte-cap"])
 @pytest.mark.parametrize("tiny", [True, False], ids=["tiny-blocks", "default-blocks"])
-def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit, kept_rows, tiny, monkeypatch):
+def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit, kept_rows, kept_bytes, tiny,
+                                                     monkeypatch):
     """The top-k / top-p searches of splits that read their rows every round, keep their
-    interval's keys in a late or an early round, or overflow a lane's column and read the
-    row again (verify_search.py): the same thresholds, so the reference's tokens, counts and
-    log-probabilities. Target rows continuous (a threshold off by one key changes z1, so the
-    log-probabilities), bonus rows tied; k of 1, 5 and half the vocab (a threshold far below
-    the max among logits one key apart: the rounds that converge), every request random."""
+    interval's keys in a late or an early round, overflow a lane's column and read the row
+    again, or have no kept-key buffers at all (past SEARCH_KEPT_BYTES; verify_search.py):
+    the same thresholds, so the reference's tokens, counts and log-probabilities. Target
+    rows continuous (a threshold off by one key changes z1, so the log-probabilities), bonus
+    rows tied; k of 1, 5 and half the vocab (a threshold far below the max among logits one
+    key apart: the rounds that converge), every request random."""
     from specops.triton_kernels import verify as triton_verify
 
     monkeypatch.setattr(triton_verify, "SEARCH_KEEP_LIMIT", keep_limit)
     monkeypatch.setattr(triton_verify, "SEARCH_KEPT_ROWS", kept_rows)
+    if kept_bytes is not None:
+        monkeypatch.setattr(triton_verify, "SEARCH_KEPT_BYTES", kept_bytes)
     if tiny:  # rows of 300 in five programs of a 64-entry block each
         for name, value in (("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 16)):
             monkeypatch.setattr(triton_verify, name, value)
@@ -276,6 +281,24 @@ def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit
     inputs["top_k"] = torch.tensor([1, 5, vocab // 2, 0], dtype=torch.int32)
     inputs["top_p"] = torch.tensor([0.9, 0.5, 1.0, 0.75])
     assert_matches_reference(inputs, 3, device, backend)
+
+
+def test_triton_kept_keys_layout_is_bounded():
+    """The search's kept-key buffer: its full 32 rows where a lane meets that many entries
+    (B = 64's splits of 128256), no more rows than a lane meets, and never past
+    SEARCH_KEPT_BYTES: fewer rows with the keep limit scaled, or none (a million requests
+    of 40 entries wanted 128 GiB before the cap)."""
+    from specops.triton_kernels import verify as triton_verify
+
+    limit, rows, cap = triton_verify.SEARCH_KEEP_LIMIT, triton_verify.SEARCH_KEPT_ROWS, triton_verify.SEARCH_KEPT_BYTES
+    assert triton_verify.kept_layout(640, 64128, 256) == (rows, limit)
+    assert triton_verify.kept_layout(16, 2048, 256) == (8, limit)  # a lane meets 8 entries of a split
+    assert triton_verify.kept_layout(4 << 20, 40, 256) == (0, -1)  # 2^20 requests, k = 3, V = 40
+    programs = cap // (256 * 4 * 8)  # room for 8 rows each
+    assert triton_verify.kept_layout(programs, 64128, 256) == (8, limit * 8 // rows)
+    for programs in (1, 640, 10**4, 10**5, 10**6):
+        got_rows, _ = triton_verify.kept_layout(programs, 64128, 256)
+        assert got_rows * programs * 256 * 4 <= cap
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)

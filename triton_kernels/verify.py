@@ -84,17 +84,26 @@ NUM_WARPS = 8
 # thread it issues 3 instructions more per 8 entries than uncapped (54, which allows 4).
 ROW_MAX_RESIDENT = 5
 # The search: each of SEARCH_WARPS * 32 threads holds one entry of a block and its 16
-# candidates' counts (the tile [16, SEARCH_BLOCK_V]), SEARCH_UNROLL blocks loaded a step.
-SEARCH_BLOCK_V = 256
-SEARCH_WARPS = 8
+# candidates' counts (the tile [16, SEARCH_BLOCK_V]), SEARCH_UNROLL blocks loaded a step,
+# the next step's loads issued before a step's counts (SEARCH_PREFETCH). 4 warps, not 8:
+# 164 registers a thread for top-p allow 3 programs an SM, not 1 (H100, bench/NOTES.md).
+SEARCH_BLOCK_V = 128
+SEARCH_WARPS = 4
 SEARCH_UNROLL = 4
+SEARCH_PREFETCH = True
+# Register caps of the top-k and top-p searches (0: ptxas's own count).
+SEARCH_TOP_K_REGISTERS = 0
+SEARCH_TOP_P_REGISTERS = 0
 # A search split keeps its interval's keys once at most SEARCH_KEEP_LIMIT lie in it
 # (verify_search.py), each lane in a column of SEARCH_KEPT_ROWS: 32 KB a (row, split); its
 # later rounds read those, not the row. -1: never keep. 4096 keeps after the first round on
-# B = 64's rows of 128256 in two splits (bench/search_rounds.py; 32 rows: a lane of 256
-# holds 16 of 4096 keys on average).
+# B = 64's rows of 128256 in two splits (bench/search_rounds.py; 64 rows: a lane of 128
+# holds 32 of 4096 keys on average).
 SEARCH_KEEP_LIMIT = 4096
-SEARCH_KEPT_ROWS = 32
+SEARCH_KEPT_ROWS = 64
+# At most this many bytes of kept keys a call: past it (B = 2^20 requests of 40 entries
+# would want 4 GB) fewer rows, the keep limit scaled with them, and none below one row.
+SEARCH_KEPT_BYTES = 256 << 20
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
 DECIDE_WARPS = 8
@@ -119,6 +128,22 @@ def split_len_for(num_rows: int, vocab: int, device: torch.device) -> int:
     wanted = triton.cdiv(PROGRAMS_PER_SM * multiprocessor_count(device, CPU_NUM_SMS), max(num_rows, 1))
     num_splits = max(1, min(wanted, num_blocks // max(1, MIN_SPLIT_LEN // BLOCK_V)))
     return triton.cdiv(num_blocks, num_splits) * BLOCK_V
+
+
+def kept_layout(num_programs: int, split_len: int, block: int) -> tuple[int, int]:
+    """(rows, keep limit) of the search's kept keys for ``num_programs`` (slot, split)
+    programs: SEARCH_KEPT_ROWS rows of ``block`` int32, no more than a lane meets in its split,
+    fewer where SEARCH_KEPT_BYTES would be passed (the keep limit scaled with them); (0, -1)
+    where not one row fits or SEARCH_KEEP_LIMIT < 0: the searches read their rows every round."""
+    rows = min(SEARCH_KEPT_ROWS, triton.cdiv(split_len, block))
+    keep_limit = SEARCH_KEEP_LIMIT
+    fitting = SEARCH_KEPT_BYTES // (max(num_programs, 1) * block * 4)
+    if fitting < rows:
+        keep_limit = keep_limit * fitting // rows
+        rows = fitting
+    if rows < 1 or keep_limit < 0:
+        return 0, -1
+    return rows, keep_limit
 
 
 def wave_split_len(num_rows: int, vocab: int, device: torch.device, resident: int, block: int) -> int:
@@ -192,11 +217,15 @@ def verify(
     top_p_search = search_buffers(TOP_P_ROUNDS.value) if has_top_p else [part_sum, part_sum]
     # The kept keys, shared by the two searches (top-p's round 0 starts afresh).
     search_block_v = min(SEARCH_BLOCK_V, BLOCK_V)  # powers of two: divides every split
-    kept_rows = max(SEARCH_KEPT_ROWS, 1)
-    num_kept = num_slots * num_splits if has_top_k or has_top_p else 0
-    kept = (empty(num_kept, kept_rows * search_block_v, dtype=torch.int32),
-            empty(num_kept, search_block_v, dtype=torch.int32), empty(num_kept, META_COLUMNS.value, dtype=torch.int64))
-    keeping = (kept_rows, SEARCH_KEEP_LIMIT)
+    kept_rows, keep_limit = kept_layout(num_slots * num_splits, split_len, search_block_v)
+    if (has_top_k or has_top_p) and keep_limit >= 0:
+        num_kept = num_slots * num_splits
+        kept = (empty(num_kept, kept_rows * search_block_v, dtype=torch.int32),
+                empty(num_kept, search_block_v, dtype=torch.int32),
+                empty(num_kept, META_COLUMNS.value, dtype=torch.int64))
+    else:  # never read or written without keeping: stand-ins of the right dtypes
+        kept = (part_arg, part_arg, part_sum)
+    keeping = (kept_rows, keep_limit)
     # Absent optional tensors: any tensor of the right dtype stands in (never read).
     top_k_arg = top_k if has_top_k else cu_num_draft_tokens
     top_p_arg = top_p if has_top_p else part_max
@@ -215,11 +244,15 @@ def verify(
                          BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, PDL=pdl,
                          maxnreg=REGISTERS_PER_SM // (ROW_MAX_RESIDENT * NUM_WARPS * 32) // 8 * 8)
     flags = {"HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_S": block_s}
-    search_flags = {"BLOCK_V": search_block_v, "UNROLL": SEARCH_UNROLL, "num_warps": SEARCH_WARPS, **flags, **exact}
+    search_flags = {"BLOCK_V": search_block_v, "UNROLL": SEARCH_UNROLL, "PREFETCH": bool(SEARCH_PREFETCH),
+                    "num_warps": SEARCH_WARPS, **flags, **exact}
+
+    def registers(cap):
+        return {"maxnreg": cap} if cap else {}
     for search_round in range(TOP_K_ROUNDS.value if has_top_k else 0):
         threshold_search_kernel[grid](*top_k_search, *kept, part_max, part_arg, *top_k_search, part_sum, *rows,
                                       *params, num_tokens, vocab, width, split_len, search_round, *keeping,
-                                      MODE=TOP_K_MODE, **search_flags)
+                                      MODE=TOP_K_MODE, **search_flags, **registers(SEARCH_TOP_K_REGISTERS))
     marked = empty(batch, 2, dtype=torch.int32)
     resume = empty(batch, dtype=torch.int32)
     draft_probs_arg = draft_probs if draft_probs is not None else part_max
@@ -246,7 +279,7 @@ def verify(
         for search_round in range(TOP_P_ROUNDS.value):
             threshold_search_kernel[grid](*top_p_search, *kept, part_max, part_arg, *top_k_search, part_sum, *rows,
                                           *params, num_tokens, vocab, width, split_len, search_round, *keeping,
-                                          MODE=TOP_P_MODE, **search_flags)
+                                          MODE=TOP_P_MODE, **search_flags, **registers(SEARCH_TOP_P_REGISTERS))
         fixed_sum_kernel[sum_grid](part_sum2, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=True,
                                    **sum_flags)
 

@@ -17,8 +17,14 @@ of a [kept_rows, BLOCK_V] buffer (no atomics, no cross-lane scan), and stores th
 above hi it counted. Its later rounds read those keys, not the row: A(c) is the stored
 mass above hi plus the kept keys' weights above c, the same integers. A lane that meets
 more than kept_rows keys voids the buffer and the split reads its row again next round.
+Each kept round moves its own interval's keys down their columns and drops the rest (the
+stored mass becomes its A(hi)), so a column shrinks about 16x a round.
 Bytes: the row once per round until its split keeps (2 reads a search on 128k random
 logits, bench/search_rounds.py), then the kept keys (at most kept_rows * BLOCK_V int32).
+Top-p after top-k: only the logits >= kth weigh more than 0, and weight-0 keys add to no
+A(c). Its row passes skip every step without such a logit, and its round 0 keeps at once
+when top_k <= keep_limit (ties past k overflow a lane: read again), so it reads its rows
+once (bench/NOTES.md).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ AGG_COLUMNS = tl.constexpr(19)
 TOTAL_COLUMN = tl.constexpr(16)
 FROM_LO_COLUMN = tl.constexpr(17)
 ABOVE_HI_COLUMN = tl.constexpr(18)
+KEPT_UNROLL = tl.constexpr(4)  # kept rows loaded at a time
 META_COLUMNS = tl.constexpr(3)  # per (slot, split): rows kept (-1: none), A(hi) then, total
 
 
@@ -174,10 +181,40 @@ def _kept_weight(key, present, MODE: tl.constexpr):
 
 
 @triton.jit
+def _add_kept(key, row, lane_count, counts, from_lo, above_hi, stays, candidate, lo32, hi32, keys_ptr,
+              MODE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One kept row added into the per-lane partials; its keys of [lo, hi] moved down to row
+    ``stays`` of their columns (stored only where that is another row)."""
+    present = row < lane_count
+    weight = _kept_weight(key, present, MODE)
+    counts += tl.where(key[None, :] > candidate[:, None], weight[None, :], 0)
+    from_lo += tl.where(key >= lo32, weight, 0)
+    above_hi += tl.where(key > hi32, weight, 0)
+    stay = present & (key >= lo32) & (key <= hi32)
+    tl.store(keys_ptr + stays.to(tl.int64) * BLOCK_V, key, mask=stay & (stays < row))
+    return counts, from_lo, above_hi, stays + stay.to(tl.int32)
+
+
+@triton.jit
 def _load_block(row_ptr, v, end):
     """One block of a row's logits (float32; -inf past ``end``) and where it lies inside."""
     inside = v < end
     return load_logits(row_ptr, v, inside), inside
+
+
+@triton.jit
+def _load_step(row_ptr, first, end, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The UNROLL blocks of a step from entry ``first`` (lanes); unused ones the first's."""
+    z0, in0 = _load_block(row_ptr, first, end)
+    z1, in1 = z0, in0
+    z2, in2 = z0, in0
+    z3, in3 = z0, in0
+    if UNROLL > 1:
+        z1, in1 = _load_block(row_ptr, first + BLOCK_V, end)
+    if UNROLL > 2:
+        z2, in2 = _load_block(row_ptr, first + 2 * BLOCK_V, end)
+        z3, in3 = _load_block(row_ptr, first + 3 * BLOCK_V, end)
+    return z0, in0, z1, in1, z2, in2, z3, in3
 
 
 @triton.jit
@@ -198,10 +235,39 @@ def _add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, abov
     above_hi += tl.where(key > hi32, weight, 0)
     totals += weight.to(tl.int64)
     if keep:
-        kept = inside & (key >= lo32) & (key <= hi32)
+        kept = inside & (weight > 0) & (key >= lo32) & (key <= hi32)  # weight 0 adds to no A(c)
         tl.store(keys_ptr + lane_count.to(tl.int64) * BLOCK_V, key, mask=kept & (lane_count < kept_rows))
         lane_count += kept.to(tl.int32)
     return counts, from_lo, above_hi, totals, lane_count
+
+
+@triton.jit
+def _add_blocks(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr):
+    z0, in0, z1, in1, z2, in2, z3, in3 = step
+    sums = _add_block(z0, in0, *weighting, *sums, *counting, MODE, BLOCK_V)
+    if UNROLL > 1:
+        sums = _add_block(z1, in1, *weighting, *sums, *counting, MODE, BLOCK_V)
+    if UNROLL > 2:
+        sums = _add_block(z2, in2, *weighting, *sums, *counting, MODE, BLOCK_V)
+        sums = _add_block(z3, in3, *weighting, *sums, *counting, MODE, BLOCK_V)
+    return sums
+
+
+@triton.jit
+def _add_step(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr,
+              SKIPS: tl.constexpr):
+    """The UNROLL blocks of a step (_load_step's) added into the partials ``sums``. SKIPS
+    (top-p after top-k): a step with no logit >= kth weighs 0 everywhere (key 0, mass 0),
+    adds nothing and is skipped, the program's one test for the whole step (with top-k 50
+    of 128k, most steps; -inf without top-k: none)."""
+    if SKIPS:
+        z0, _in0, z1, _in1, z2, _in2, z3, _in3 = step
+        highest = tl.max(tl.maximum(tl.maximum(z0, z1), tl.maximum(z2, z3)), axis=0)
+        if highest >= weighting[2]:
+            sums = _add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V)
+    else:
+        sums = _add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V)
+    return sums
 
 
 # Grid (batch * width, num_splits), one launch per round. Program (slot, s) narrows the
@@ -242,6 +308,7 @@ def threshold_search_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     UNROLL: tl.constexpr = 4,  # blocks loaded a step: 1, 2 or 4 (masked past the split's end)
+    PREFETCH: tl.constexpr = False,  # load the next step's blocks before counting this step's
     PDL: tl.constexpr = False,
 ):
     chain_launch(PDL)
@@ -287,7 +354,7 @@ def threshold_search_kernel(
         lanes_ptr = kept_lanes_ptr + this * BLOCK_V + lane
         keys_ptr = kept_ptr + this * kept_rows * BLOCK_V + lane
         rows_kept = tl.full([], -1, tl.int64)
-        if search_round > 0:
+        if (search_round > 0) & (keep_limit >= 0):  # keep_limit -1: no kept-key buffers at all
             rows_kept = tl.load(meta_ptr)
         if MODE == TOP_K_MODE:
             counts = tl.zeros([NUM_CANDIDATES, BLOCK_V], tl.int32)
@@ -298,55 +365,64 @@ def threshold_search_kernel(
             from_lo = tl.zeros([BLOCK_V], tl.int64)
             above_hi = tl.zeros([BLOCK_V], tl.int64)
         if rows_kept >= 0:  # this split kept its keys in an earlier round
+            base = tl.load(meta_ptr + 1)  # A(hi) of the round that last wrote them: the mass above them
+            total = tl.load(meta_ptr + 2)
             lane_count = tl.load(lanes_ptr)
+            # Counted as in a row pass, KEPT_UNROLL rows loaded at a time; those of [lo, hi]
+            # are moved down their column (never past a row already read), the rest dropped:
+            # the keys of the later rounds' intervals stay, and the stored mass above them
+            # becomes this round's A(hi). A column so shrinks about 16x a round.
+            stays = tl.zeros([BLOCK_V], tl.int32)
             row = 0
             while row < rows_kept:
-                present = row < lane_count
-                key = tl.load(keys_ptr + row * BLOCK_V, mask=present, other=0)
-                weight = _kept_weight(key, present, MODE)
-                counts += tl.where(key[None, :] > candidate[:, None], weight[None, :], 0)
-                from_lo += tl.where(key >= lo32, weight, 0)
-                above_hi += tl.where(key > hi32, weight, 0)
-                row += 1
-            base = tl.load(meta_ptr + 1)  # A(hi) when the keys were kept: the mass above them
-            total = tl.load(meta_ptr + 2)
+                key0 = tl.load(keys_ptr + row * BLOCK_V, mask=row < lane_count, other=0)
+                key1 = tl.load(keys_ptr + (row + 1) * BLOCK_V, mask=row + 1 < lane_count, other=0)
+                key2 = tl.load(keys_ptr + (row + 2) * BLOCK_V, mask=row + 2 < lane_count, other=0)
+                key3 = tl.load(keys_ptr + (row + 3) * BLOCK_V, mask=row + 3 < lane_count, other=0)
+                kept = (counts, from_lo, above_hi, stays)
+                kept = _add_kept(key0, row, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
+                kept = _add_kept(key1, row + 1, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
+                kept = _add_kept(key2, row + 2, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
+                kept = _add_kept(key3, row + 3, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
+                counts, from_lo, above_hi, stays = kept
+                row += KEPT_UNROLL
+            tl.store(lanes_ptr, stays)
+            tl.store(meta_ptr + 1, tl.sum(above_hi.to(tl.int64), axis=0) + base)
+            tl.store(meta_ptr, tl.max(stays, axis=0).to(tl.int64))
         else:
+            SKIPS: tl.constexpr = (MODE == TOP_P_MODE) and HAS_TOP_K
             keep = False
             if search_round > 0:
                 keep = split_population(state_ptr, agg_ptr, search_round, slot, num_slots, num_splits, split, lo,
                                         hi, MODE) <= keep_limit
+            elif SKIPS:  # top-p after top-k: about top_k keys weigh more than 0; ties past it overflow
+                keep = uses_top_k & (top_k <= keep_limit) & (keep_limit >= 0)
             lane_count = tl.zeros([BLOCK_V], tl.int32)
             totals = tl.zeros([BLOCK_V], tl.int64)
             v_begin = split * split_len
             end = tl.minimum(v_begin + split_len, vocab)
             weighting = (max_logit, temperature, kth, z1)
             offset = v_begin
-            # UNROLL blocks a step, their loads issued first: more bytes in flight a thread.
-            while offset < end:
-                z0, in0 = _load_block(row_ptr, offset + lane, end)
-                if UNROLL > 1:
-                    z1_, in1 = _load_block(row_ptr, offset + BLOCK_V + lane, end)
-                if UNROLL > 2:
-                    z2, in2 = _load_block(row_ptr, offset + 2 * BLOCK_V + lane, end)
-                    z3, in3 = _load_block(row_ptr, offset + 3 * BLOCK_V + lane, end)
-                counts, from_lo, above_hi, totals, lane_count = _add_block(
-                    z0, in0, *weighting, counts, from_lo, above_hi, totals, lane_count, candidate, lo32, hi32, keys_ptr,
-                    kept_rows, keep, MODE, BLOCK_V)
-                if UNROLL > 1:
-                    counts, from_lo, above_hi, totals, lane_count = _add_block(
-                        z1_, in1, *weighting, counts, from_lo, above_hi, totals, lane_count, candidate, lo32, hi32,
-                        keys_ptr, kept_rows, keep, MODE, BLOCK_V)
-                if UNROLL > 2:
-                    counts, from_lo, above_hi, totals, lane_count = _add_block(
-                        z2, in2, *weighting, counts, from_lo, above_hi, totals, lane_count, candidate, lo32, hi32,
-                        keys_ptr, kept_rows, keep, MODE, BLOCK_V)
-                    counts, from_lo, above_hi, totals, lane_count = _add_block(
-                        z3, in3, *weighting, counts, from_lo, above_hi, totals, lane_count, candidate, lo32, hi32,
-                        keys_ptr, kept_rows, keep, MODE, BLOCK_V)
-                offset += UNROLL * BLOCK_V
+            # UNROLL blocks a step, their loads issued first: more bytes in flight a thread;
+            # with PREFETCH the next step's loads are issued before this step's counts.
+            sums = (counts, from_lo, above_hi, totals, lane_count)
+            counting = (candidate, lo32, hi32, keys_ptr, kept_rows, keep)
+            if PREFETCH:
+                step = _load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
+                while offset < end:
+                    this_step = step
+                    step = _load_step(row_ptr, offset + UNROLL * BLOCK_V + lane, end, UNROLL, BLOCK_V)
+                    sums = _add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS)
+                    offset += UNROLL * BLOCK_V
+            else:
+                while offset < end:
+                    step = _load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
+                    sums = _add_step(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS)
+                    offset += UNROLL * BLOCK_V
+            counts, from_lo, above_hi, totals, lane_count = sums
             base = tl.zeros([], tl.int64)
             total = tl.sum(totals, axis=0)
-            if search_round == 0:
+            if (search_round == 0) & (keep_limit >= 0):
                 tl.store(meta_ptr, -1)
             if keep:
                 most = tl.max(lane_count, axis=0)
