@@ -32,15 +32,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .verify_math import MASS_SCALE, TOP_P_SCALE, chain_launch, from_order_key, load_logits, order_key, weights
+from .verify_math import MASS_SCALE, TOP_P_SCALE, chain_launch, from_order_key, order_key
+from .verify_search_counts import TOP_K_MODE, TOP_P_MODE, add_kept, add_step, load_step
 from .verify_slots import request_params, row_fixed_sum, row_max_argmax, slot_row
 
 NUM_CANDIDATES = tl.constexpr(16)  # thresholds tested per search round
 EVEN_ROUNDS = tl.constexpr(8)  # 16-ary search: 16^8 = 2^32 covers any float key interval
 TOP_K_ROUNDS = tl.constexpr(EVEN_ROUNDS.value + 1)  # one round near the max, then EVEN_ROUNDS from there
 TOP_P_ROUNDS = EVEN_ROUNDS
-TOP_K_MODE = tl.constexpr(0)
-TOP_P_MODE = tl.constexpr(1)
 # Partials per (round, slot, split): A(c_j) for the 16 candidates, the total weight, and
 # A(lo - 1), A(hi) of the round's own interval (the next round's population).
 AGG_COLUMNS = tl.constexpr(19)
@@ -170,106 +169,6 @@ def row_p_min(state_ptr, agg_ptr, slot, num_slots, num_splits, uses_top_p, top_p
     return p_min
 
 
-@triton.jit
-def _kept_weight(key, present, MODE: tl.constexpr):
-    """The weight of a kept key (0 where absent): 1 (top-k), floor(p 2^32) of p's bits (top-p)."""
-    if MODE == TOP_K_MODE:
-        weight = present.to(tl.int32)
-    else:
-        weight = tl.where(present, tl.floor(key.to(tl.float32, bitcast=True) * MASS_SCALE).to(tl.int64), 0)
-    return weight
-
-
-@triton.jit
-def _add_kept(key, row, lane_count, counts, from_lo, above_hi, stays, candidate, lo32, hi32, keys_ptr,
-              MODE: tl.constexpr, BLOCK_V: tl.constexpr):
-    """One kept row added into the per-lane partials; its keys of [lo, hi] moved down to row
-    ``stays`` of their columns (stored only where that is another row)."""
-    present = row < lane_count
-    weight = _kept_weight(key, present, MODE)
-    counts += tl.where(key[None, :] > candidate[:, None], weight[None, :], 0)
-    from_lo += tl.where(key >= lo32, weight, 0)
-    above_hi += tl.where(key > hi32, weight, 0)
-    stay = present & (key >= lo32) & (key <= hi32)
-    tl.store(keys_ptr + stays.to(tl.int64) * BLOCK_V, key, mask=stay & (stays < row))
-    return counts, from_lo, above_hi, stays + stay.to(tl.int32)
-
-
-@triton.jit
-def _load_block(row_ptr, v, end):
-    """One block of a row's logits (float32; -inf past ``end``) and where it lies inside."""
-    inside = v < end
-    return load_logits(row_ptr, v, inside), inside
-
-
-@triton.jit
-def _load_step(row_ptr, first, end, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr):
-    """The UNROLL blocks of a step from entry ``first`` (lanes); unused ones the first's."""
-    z0, in0 = _load_block(row_ptr, first, end)
-    z1, in1 = z0, in0
-    z2, in2 = z0, in0
-    z3, in3 = z0, in0
-    if UNROLL > 1:
-        z1, in1 = _load_block(row_ptr, first + BLOCK_V, end)
-    if UNROLL > 2:
-        z2, in2 = _load_block(row_ptr, first + 2 * BLOCK_V, end)
-        z3, in3 = _load_block(row_ptr, first + 3 * BLOCK_V, end)
-    return z0, in0, z1, in1, z2, in2, z3, in3
-
-
-@triton.jit
-def _add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above_hi, totals,
-               lane_count, candidate, lo32, hi32, keys_ptr, kept_rows, keep, MODE: tl.constexpr,
-               BLOCK_V: tl.constexpr):
-    """A block's keys and weights added into the per-lane partials (and, when ``keep``, the
-    keys of [lo, hi] appended to their lanes' columns)."""
-    if MODE == TOP_K_MODE:
-        key = order_key(z)
-        weight = inside.to(tl.int32)
-    else:
-        p = tl.math.div_rn(weights(z, max_logit, temperature, kth), z1)
-        key = p.to(tl.int32, bitcast=True)
-        weight = tl.where(inside, tl.floor(p * MASS_SCALE).to(tl.int64), 0)
-    counts += tl.where(key[None, :] > candidate[:, None], weight[None, :], 0)
-    from_lo += tl.where(key >= lo32, weight, 0)
-    above_hi += tl.where(key > hi32, weight, 0)
-    totals += weight.to(tl.int64)
-    if keep:
-        kept = inside & (weight > 0) & (key >= lo32) & (key <= hi32)  # weight 0 adds to no A(c)
-        tl.store(keys_ptr + lane_count.to(tl.int64) * BLOCK_V, key, mask=kept & (lane_count < kept_rows))
-        lane_count += kept.to(tl.int32)
-    return counts, from_lo, above_hi, totals, lane_count
-
-
-@triton.jit
-def _add_blocks(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr):
-    z0, in0, z1, in1, z2, in2, z3, in3 = step
-    sums = _add_block(z0, in0, *weighting, *sums, *counting, MODE, BLOCK_V)
-    if UNROLL > 1:
-        sums = _add_block(z1, in1, *weighting, *sums, *counting, MODE, BLOCK_V)
-    if UNROLL > 2:
-        sums = _add_block(z2, in2, *weighting, *sums, *counting, MODE, BLOCK_V)
-        sums = _add_block(z3, in3, *weighting, *sums, *counting, MODE, BLOCK_V)
-    return sums
-
-
-@triton.jit
-def _add_step(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr,
-              SKIPS: tl.constexpr):
-    """The UNROLL blocks of a step (_load_step's) added into the partials ``sums``. SKIPS
-    (top-p after top-k): a step with no logit >= kth weighs 0 everywhere (key 0, mass 0),
-    adds nothing and is skipped, the program's one test for the whole step (with top-k 50
-    of 128k, most steps; -inf without top-k: none)."""
-    if SKIPS:
-        z0, _in0, z1, _in1, z2, _in2, z3, _in3 = step
-        highest = tl.max(tl.maximum(tl.maximum(z0, z1), tl.maximum(z2, z3)), axis=0)
-        if highest >= weighting[2]:
-            sums = _add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V)
-    else:
-        sums = _add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V)
-    return sums
-
-
 # Grid (batch * width, num_splits), one launch per round. Program (slot, s) narrows the
 # slot's interval from the previous round's partials (split 0 records it), then adds A(c)
 # for the round's 16 candidates, the total weight and A(lo - 1), A(hi) over its split: from
@@ -380,10 +279,10 @@ def threshold_search_kernel(
                 key2 = tl.load(keys_ptr + (row + 2) * BLOCK_V, mask=row + 2 < lane_count, other=0)
                 key3 = tl.load(keys_ptr + (row + 3) * BLOCK_V, mask=row + 3 < lane_count, other=0)
                 kept = (counts, from_lo, above_hi, stays)
-                kept = _add_kept(key0, row, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
-                kept = _add_kept(key1, row + 1, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
-                kept = _add_kept(key2, row + 2, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
-                kept = _add_kept(key3, row + 3, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
+                kept = add_kept(key0, row, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
+                kept = add_kept(key1, row + 1, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
+                kept = add_kept(key2, row + 2, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
+                kept = add_kept(key3, row + 3, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
                 counts, from_lo, above_hi, stays = kept
                 row += KEPT_UNROLL
             tl.store(lanes_ptr, stays)
@@ -408,16 +307,16 @@ def threshold_search_kernel(
             sums = (counts, from_lo, above_hi, totals, lane_count)
             counting = (candidate, lo32, hi32, keys_ptr, kept_rows, keep)
             if PREFETCH:
-                step = _load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
+                step = load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
                 while offset < end:
                     this_step = step
-                    step = _load_step(row_ptr, offset + UNROLL * BLOCK_V + lane, end, UNROLL, BLOCK_V)
-                    sums = _add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS)
+                    step = load_step(row_ptr, offset + UNROLL * BLOCK_V + lane, end, UNROLL, BLOCK_V)
+                    sums = add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS)
                     offset += UNROLL * BLOCK_V
             else:
                 while offset < end:
-                    step = _load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
-                    sums = _add_step(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS)
+                    step = load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
+                    sums = add_step(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS)
                     offset += UNROLL * BLOCK_V
             counts, from_lo, above_hi, totals, lane_count = sums
             base = tl.zeros([], tl.int64)

@@ -1,0 +1,113 @@
+"""The per-block counting of the Triton top-k / top-p searches (verify_search.py): a row
+pass's steps of UNROLL blocks loaded and added into each lane's partials (keeping the keys
+of the search interval when asked), and a kept round's rows of keys."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .verify_math import MASS_SCALE, load_logits, order_key, weights
+
+TOP_K_MODE = tl.constexpr(0)
+TOP_P_MODE = tl.constexpr(1)
+
+
+@triton.jit
+def kept_weight(key, present, MODE: tl.constexpr):
+    """The weight of a kept key (0 where absent): 1 (top-k), floor(p 2^32) of p's bits (top-p)."""
+    if MODE == TOP_K_MODE:
+        weight = present.to(tl.int32)
+    else:
+        weight = tl.where(present, tl.floor(key.to(tl.float32, bitcast=True) * MASS_SCALE).to(tl.int64), 0)
+    return weight
+
+
+@triton.jit
+def add_kept(key, row, lane_count, counts, from_lo, above_hi, stays, candidate, lo32, hi32, keys_ptr,
+              MODE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One kept row added into the per-lane partials; its keys of [lo, hi] moved down to row
+    ``stays`` of their columns (stored only where that is another row)."""
+    present = row < lane_count
+    weight = kept_weight(key, present, MODE)
+    counts += tl.where(key[None, :] > candidate[:, None], weight[None, :], 0)
+    from_lo += tl.where(key >= lo32, weight, 0)
+    above_hi += tl.where(key > hi32, weight, 0)
+    stay = present & (key >= lo32) & (key <= hi32)
+    tl.store(keys_ptr + stays.to(tl.int64) * BLOCK_V, key, mask=stay & (stays < row))
+    return counts, from_lo, above_hi, stays + stay.to(tl.int32)
+
+
+@triton.jit
+def load_block(row_ptr, v, end):
+    """One block of a row's logits (float32; -inf past ``end``) and where it lies inside."""
+    inside = v < end
+    return load_logits(row_ptr, v, inside), inside
+
+
+@triton.jit
+def load_step(row_ptr, first, end, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The UNROLL blocks of a step from entry ``first`` (lanes); unused ones the first's."""
+    z0, in0 = load_block(row_ptr, first, end)
+    z1, in1 = z0, in0
+    z2, in2 = z0, in0
+    z3, in3 = z0, in0
+    if UNROLL > 1:
+        z1, in1 = load_block(row_ptr, first + BLOCK_V, end)
+    if UNROLL > 2:
+        z2, in2 = load_block(row_ptr, first + 2 * BLOCK_V, end)
+        z3, in3 = load_block(row_ptr, first + 3 * BLOCK_V, end)
+    return z0, in0, z1, in1, z2, in2, z3, in3
+
+
+@triton.jit
+def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above_hi, totals,
+               lane_count, candidate, lo32, hi32, keys_ptr, kept_rows, keep, MODE: tl.constexpr,
+               BLOCK_V: tl.constexpr):
+    """A block's keys and weights added into the per-lane partials (and, when ``keep``, the
+    keys of [lo, hi] appended to their lanes' columns)."""
+    if MODE == TOP_K_MODE:
+        key = order_key(z)
+        weight = inside.to(tl.int32)
+    else:
+        p = tl.math.div_rn(weights(z, max_logit, temperature, kth), z1)
+        key = p.to(tl.int32, bitcast=True)
+        weight = tl.where(inside, tl.floor(p * MASS_SCALE).to(tl.int64), 0)
+    counts += tl.where(key[None, :] > candidate[:, None], weight[None, :], 0)
+    from_lo += tl.where(key >= lo32, weight, 0)
+    above_hi += tl.where(key > hi32, weight, 0)
+    totals += weight.to(tl.int64)
+    if keep:
+        kept = inside & (weight > 0) & (key >= lo32) & (key <= hi32)  # weight 0 adds to no A(c)
+        tl.store(keys_ptr + lane_count.to(tl.int64) * BLOCK_V, key, mask=kept & (lane_count < kept_rows))
+        lane_count += kept.to(tl.int32)
+    return counts, from_lo, above_hi, totals, lane_count
+
+
+@triton.jit
+def add_blocks(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr):
+    z0, in0, z1, in1, z2, in2, z3, in3 = step
+    sums = add_block(z0, in0, *weighting, *sums, *counting, MODE, BLOCK_V)
+    if UNROLL > 1:
+        sums = add_block(z1, in1, *weighting, *sums, *counting, MODE, BLOCK_V)
+    if UNROLL > 2:
+        sums = add_block(z2, in2, *weighting, *sums, *counting, MODE, BLOCK_V)
+        sums = add_block(z3, in3, *weighting, *sums, *counting, MODE, BLOCK_V)
+    return sums
+
+
+@triton.jit
+def add_step(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr,
+              SKIPS: tl.constexpr):
+    """The UNROLL blocks of a step (load_step's) added into the partials ``sums``. SKIPS
+    (top-p after top-k): a step with no logit >= kth weighs 0 everywhere (key 0, mass 0),
+    adds nothing and is skipped, the program's one test for the whole step (with top-k 50
+    of 128k, most steps; -inf without top-k: none)."""
+    if SKIPS:
+        z0, _in0, z1, _in1, z2, _in2, z3, _in3 = step
+        highest = tl.max(tl.maximum(tl.maximum(z0, z1), tl.maximum(z2, z3)), axis=0)
+        if highest >= weighting[2]:
+            sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V)
+    else:
+        sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V)
+    return sums
