@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One lent-GPU session in a script: build, GPU tests, memcheck, benchmarks. Logs and
-# benchmark results go to $OUT (the device tool's output folder) or ./gpu-logs. Usage:
+# One lent-GPU session in a script: build, GPU tests, memcheck, benchmarks. Benchmark
+# results go to $OUT (the device tool's output folder) or ./gpu-logs, the logs packed
+# beside them as gpu-logs.tgz. Usage:
 #   scripts/gpu_check.sh build test              # build, then every GPU test
 #   scripts/gpu_check.sh memcheck                # compute-sanitizer over the kernels' GPU tests
 #   scripts/gpu_check.sh bench-verify bench-attention bench-e2e bench-sampling
@@ -12,8 +13,13 @@
 # and the bench stages wait for that.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOG="${OUT:-gpu-logs}"
-mkdir -p "$LOG"
+# Benchmark results (JSON + PNG) go to RESULTS; the logs to LOG, packed at the end into
+# RESULTS/gpu-logs.tgz: the device tool brings back at most 8 files from $OUT, and a full
+# session writes more logs than that (the results were once left behind).
+RESULTS="${OUT:-gpu-logs}"
+LOG="${GPU_LOG_DIR:-/tmp/gpu-logs}"  # shared by the calls of one machine: each packs them all
+mkdir -p "$RESULTS" "$LOG"
+trap 'tar -czf "$RESULTS/gpu-logs.tgz" -C "$LOG" .' EXIT
 export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
@@ -82,18 +88,18 @@ run_stage() {
       ;;
     bench-verify)
       wait_warmup
-      python3 bench/bench_verify.py --out "$LOG" 2>&1 | tee "$LOG/bench_verify.log" | tail -60
+      python3 bench/bench_verify.py --out "$RESULTS" 2>&1 | tee "$LOG/bench_verify.log" | tail -60
       ;;
     bench-attention)
       wait_warmup
-      python3 bench/bench_attention.py --out "$LOG" ${ATTENTION_QUICK:+--quick} 2>&1 | tee "$LOG/bench_attention.log" | tail -70
+      python3 bench/bench_attention.py --out "$RESULTS" ${ATTENTION_QUICK:+--quick} 2>&1 | tee "$LOG/bench_attention.log" | tail -70
       ;;
     bench-e2e)
-      python3 bench/bench_e2e.py --out "$LOG" ${E2E_QUICK:+--quick} 2>&1 | tee "$LOG/bench_e2e.log" | tail -60
+      python3 bench/bench_e2e.py --out "$RESULTS" ${E2E_QUICK:+--quick} 2>&1 | tee "$LOG/bench_e2e.log" | tail -60
       ;;
     bench-sampling)
       wait_warmup
-      python3 bench/bench_sampling.py --out "$LOG" 2>&1 | tee "$LOG/bench_sampling.log" | tail -60
+      python3 bench/bench_sampling.py --out "$RESULTS" 2>&1 | tee "$LOG/bench_sampling.log" | tail -60
       ;;
     ab-search)  # the top-k/top-p searches: against .ab_base/ when there (git archive REV triton_kernels |
       # tar -x -C .ab_base, carried), their launch constants in the same process, the row passes
