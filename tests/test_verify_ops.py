@@ -284,7 +284,7 @@ def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit
 
 
 def test_triton_kept_keys_layout_is_bounded():
-    """The search's kept-key buffer: its full 32 rows where a lane meets that many entries
+    """The search's kept-key buffer: its full SEARCH_KEPT_ROWS where a lane meets that many entries
     (B = 64's splits of 128256), no more rows than a lane meets, and never past
     SEARCH_KEPT_BYTES: fewer rows with the keep limit scaled, or none (a million requests
     of 40 entries wanted 128 GiB before the cap)."""

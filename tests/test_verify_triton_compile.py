@@ -28,7 +28,7 @@ SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_ro
            "batch", "kept_rows", "keep_limit"}
 FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_LOGPROBS": True, "BLOCK_S": 64,
          "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64, "MASS_BLOCK": 128, "PROPOSAL_ROUND": 4, "UNROLL": 4,
-         "PREFETCH": False, "PDL": False}
+         "PDL": False}
 
 CASES = [
     ("row_max", verify_rows.row_max_kernel, {"ALL_GREEDY": False, "BLOCK_V": 2048}, True),
@@ -37,8 +37,6 @@ CASES = [
     ("screen, all greedy", verify_screen.screen_kernel, {"ALL_GREEDY": True, "RETURN_LOGPROBS": False}, True),
     ("top-k search", verify_search.threshold_search_kernel, {"MODE": 0, "BLOCK_V": 256}, False),
     ("top-p search", verify_search.threshold_search_kernel, {"MODE": 1, "BLOCK_V": 256}, False),
-    ("top-p search, prefetch", verify_search.threshold_search_kernel, {"MODE": 1, "BLOCK_V": 256, "PREFETCH": True},
-     False),
     ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048}, False),
     ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
     ("decide", verify_decide.decide_kernel, {}, False),

@@ -85,15 +85,11 @@ NUM_WARPS = 8
 ROW_MAX_RESIDENT = 5
 # The search: each of SEARCH_WARPS * 32 threads holds one entry of a block and its 16
 # candidates' counts (the tile [16, SEARCH_BLOCK_V]), SEARCH_UNROLL blocks loaded a step,
-# the next step's loads issued before a step's counts (SEARCH_PREFETCH). 4 warps, not 8:
-# 164 registers a thread for top-p allow 3 programs an SM, not 1 (H100, bench/NOTES.md).
+# the next step's loads issued before a step's counts. 4 warps, not 8: 164 registers a
+# thread for top-p allow 3 programs an SM, not 1 (H100, bench/NOTES.md; register caps lost).
 SEARCH_BLOCK_V = 128
 SEARCH_WARPS = 4
 SEARCH_UNROLL = 4
-SEARCH_PREFETCH = True
-# Register caps of the top-k and top-p searches (0: ptxas's own count).
-SEARCH_TOP_K_REGISTERS = 0
-SEARCH_TOP_P_REGISTERS = 0
 # A search split keeps its interval's keys once at most SEARCH_KEEP_LIMIT lie in it
 # (verify_search.py), each lane in a column of SEARCH_KEPT_ROWS: 32 KB a (row, split); its
 # later rounds read those, not the row. -1: never keep. 4096 keeps after the first round on
@@ -102,7 +98,7 @@ SEARCH_TOP_P_REGISTERS = 0
 SEARCH_KEEP_LIMIT = 4096
 SEARCH_KEPT_ROWS = 64
 # At most this many bytes of kept keys a call: past it (B = 2^20 requests of 40 entries
-# would want 4 GB) fewer rows, the keep limit scaled with them, and none below one row.
+# wanted 128 GiB before this cap) fewer rows, the keep limit scaled with them, none below one.
 SEARCH_KEPT_BYTES = 256 << 20
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
@@ -244,15 +240,11 @@ def verify(
                          BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, PDL=pdl,
                          maxnreg=REGISTERS_PER_SM // (ROW_MAX_RESIDENT * NUM_WARPS * 32) // 8 * 8)
     flags = {"HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_S": block_s}
-    search_flags = {"BLOCK_V": search_block_v, "UNROLL": SEARCH_UNROLL, "PREFETCH": bool(SEARCH_PREFETCH),
-                    "num_warps": SEARCH_WARPS, **flags, **exact}
-
-    def registers(cap):
-        return {"maxnreg": cap} if cap else {}
+    search_flags = {"BLOCK_V": search_block_v, "UNROLL": SEARCH_UNROLL, "num_warps": SEARCH_WARPS, **flags, **exact}
     for search_round in range(TOP_K_ROUNDS.value if has_top_k else 0):
         threshold_search_kernel[grid](*top_k_search, *kept, part_max, part_arg, *top_k_search, part_sum, *rows,
                                       *params, num_tokens, vocab, width, split_len, search_round, *keeping,
-                                      MODE=TOP_K_MODE, **search_flags, **registers(SEARCH_TOP_K_REGISTERS))
+                                      MODE=TOP_K_MODE, **search_flags)
     marked = empty(batch, 2, dtype=torch.int32)
     resume = empty(batch, dtype=torch.int32)
     draft_probs_arg = draft_probs if draft_probs is not None else part_max
@@ -279,7 +271,7 @@ def verify(
         for search_round in range(TOP_P_ROUNDS.value):
             threshold_search_kernel[grid](*top_p_search, *kept, part_max, part_arg, *top_k_search, part_sum, *rows,
                                           *params, num_tokens, vocab, width, split_len, search_round, *keeping,
-                                          MODE=TOP_P_MODE, **search_flags, **registers(SEARCH_TOP_P_REGISTERS))
+                                          MODE=TOP_P_MODE, **search_flags)
         fixed_sum_kernel[sum_grid](part_sum2, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=True,
                                    **sum_flags)
 

@@ -46,7 +46,7 @@ AGG_COLUMNS = tl.constexpr(19)
 TOTAL_COLUMN = tl.constexpr(16)
 FROM_LO_COLUMN = tl.constexpr(17)
 ABOVE_HI_COLUMN = tl.constexpr(18)
-KEPT_UNROLL = tl.constexpr(4)  # kept rows loaded at a time
+KEPT_UNROLL = tl.constexpr(4)  # kept rows loaded at a time (the kept loop's four loads)
 META_COLUMNS = tl.constexpr(3)  # per (slot, split): rows kept (-1: none), A(hi) then, total
 
 
@@ -207,7 +207,6 @@ def threshold_search_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     UNROLL: tl.constexpr = 4,  # blocks loaded a step: 1, 2 or 4 (masked past the split's end)
-    PREFETCH: tl.constexpr = False,  # load the next step's blocks before counting this step's
     PDL: tl.constexpr = False,
 ):
     chain_launch(PDL)
@@ -302,22 +301,16 @@ def threshold_search_kernel(
             end = tl.minimum(v_begin + split_len, vocab)
             weighting = (max_logit, temperature, kth, z1)
             offset = v_begin
-            # UNROLL blocks a step, their loads issued first: more bytes in flight a thread;
-            # with PREFETCH the next step's loads are issued before this step's counts.
+            # UNROLL blocks a step, their loads issued first (more bytes in flight a thread),
+            # and the next step's loads before this step's counts.
             sums = (counts, from_lo, above_hi, totals, lane_count)
             counting = (candidate, lo32, hi32, keys_ptr, kept_rows, keep)
-            if PREFETCH:
-                step = load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
-                while offset < end:
-                    this_step = step
-                    step = load_step(row_ptr, offset + UNROLL * BLOCK_V + lane, end, UNROLL, BLOCK_V)
-                    sums = add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS)
-                    offset += UNROLL * BLOCK_V
-            else:
-                while offset < end:
-                    step = load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
-                    sums = add_step(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS)
-                    offset += UNROLL * BLOCK_V
+            step = load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
+            while offset < end:
+                this_step = step
+                step = load_step(row_ptr, offset + UNROLL * BLOCK_V + lane, end, UNROLL, BLOCK_V)
+                sums = add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS)
+                offset += UNROLL * BLOCK_V
             counts, from_lo, above_hi, totals, lane_count = sums
             base = tl.zeros([], tl.int64)
             total = tl.sum(totals, axis=0)

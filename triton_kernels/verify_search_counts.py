@@ -25,7 +25,7 @@ def kept_weight(key, present, MODE: tl.constexpr):
 
 @triton.jit
 def add_kept(key, row, lane_count, counts, from_lo, above_hi, stays, candidate, lo32, hi32, keys_ptr,
-              MODE: tl.constexpr, BLOCK_V: tl.constexpr):
+             MODE: tl.constexpr, BLOCK_V: tl.constexpr):
     """One kept row added into the per-lane partials; its keys of [lo, hi] moved down to row
     ``stays`` of their columns (stored only where that is another row)."""
     present = row < lane_count
@@ -62,8 +62,8 @@ def load_step(row_ptr, first, end, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above_hi, totals,
-               lane_count, candidate, lo32, hi32, keys_ptr, kept_rows, keep, MODE: tl.constexpr,
-               BLOCK_V: tl.constexpr):
+              lane_count, candidate, lo32, hi32, keys_ptr, kept_rows, keep, MODE: tl.constexpr,
+              BLOCK_V: tl.constexpr):
     """A block's keys and weights added into the per-lane partials (and, when ``keep``, the
     keys of [lo, hi] appended to their lanes' columns)."""
     if MODE == TOP_K_MODE:
@@ -86,6 +86,7 @@ def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above
 
 @triton.jit
 def add_blocks(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr):
+    """add_block over the UNROLL blocks of a step."""
     z0, in0, z1, in1, z2, in2, z3, in3 = step
     sums = add_block(z0, in0, *weighting, *sums, *counting, MODE, BLOCK_V)
     if UNROLL > 1:
@@ -98,7 +99,7 @@ def add_blocks(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.c
 
 @triton.jit
 def add_step(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr,
-              SKIPS: tl.constexpr):
+             SKIPS: tl.constexpr):
     """The UNROLL blocks of a step (load_step's) added into the partials ``sums``. SKIPS
     (top-p after top-k): a step with no logit >= kth weighs 0 everywhere (key 0, mass 0),
     adds nothing and is skipped, the program's one test for the whole step (with top-k 50
