@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .verify_math import MASS_SCALE, TOP_P_SCALE, chain_launch, from_order_key, order_key
-from .verify_search_counts import TOP_K_MODE, TOP_P_MODE, add_kept, add_step, load_step
+from .verify_search_counts import TOP_K_MODE, TOP_P_MODE, add_kept, count_kept, row_pass
 from .verify_slots import request_params, row_fixed_sum, row_max_argmax, slot_row
 
 NUM_CANDIDATES = tl.constexpr(16)  # thresholds tested per search round
@@ -169,6 +169,16 @@ def row_p_min(state_ptr, agg_ptr, slot, num_slots, num_splits, uses_top_p, top_p
     return p_min
 
 
+@triton.jit
+def _store_kept_record(lanes_ptr, meta_ptr, lane_count, most, above_hi, total):
+    """A split's kept record once its lanes hold its interval's keys: their counts, then
+    A(hi) (the mass above them), the total and, last, the rows kept."""
+    tl.store(lanes_ptr, lane_count)
+    tl.store(meta_ptr + 1, tl.sum(above_hi.to(tl.int64), axis=0))
+    tl.store(meta_ptr + 2, total)
+    tl.store(meta_ptr, most.to(tl.int64))
+
+
 # Grid (batch * width, num_splits), one launch per round. Program (slot, s) narrows the
 # slot's interval from the previous round's partials (split 0 records it), then adds A(c)
 # for the round's 16 candidates, the total weight and A(lo - 1), A(hi) over its split: from
@@ -295,34 +305,50 @@ def threshold_search_kernel(
                                         hi, MODE) <= keep_limit
             elif SKIPS:  # top-p after top-k: about top_k keys weigh more than 0; ties past it overflow
                 keep = uses_top_k & (top_k <= keep_limit) & (keep_limit >= 0)
-            lane_count = tl.zeros([BLOCK_V], tl.int32)
-            totals = tl.zeros([BLOCK_V], tl.int64)
-            v_begin = split * split_len
-            end = tl.minimum(v_begin + split_len, vocab)
+            fresh = (counts, from_lo, above_hi, tl.zeros([BLOCK_V], tl.int64), tl.zeros([BLOCK_V], tl.int32))
+            split_range = (row_ptr, split * split_len, tl.minimum(split * split_len + split_len, vocab))
             weighting = (max_logit, temperature, kth, z1)
-            offset = v_begin
-            # UNROLL blocks a step, their loads issued first (more bytes in flight a thread),
-            # and the next step's loads before this step's counts.
-            sums = (counts, from_lo, above_hi, totals, lane_count)
-            counting = (candidate, lo32, hi32, keys_ptr, kept_rows, keep)
-            step = load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
-            while offset < end:
-                this_step = step
-                step = load_step(row_ptr, offset + UNROLL * BLOCK_V + lane, end, UNROLL, BLOCK_V)
-                sums = add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS)
-                offset += UNROLL * BLOCK_V
-            counts, from_lo, above_hi, totals, lane_count = sums
             base = tl.zeros([], tl.int64)
-            total = tl.sum(totals, axis=0)
+            total = tl.zeros([], tl.int64)
             if (search_round == 0) & (keep_limit >= 0):
                 tl.store(meta_ptr, -1)
-            if keep:
-                most = tl.max(lane_count, axis=0)
-                if most <= kept_rows:  # else a lane overflowed: read the row again next round
-                    tl.store(lanes_ptr, lane_count)
-                    tl.store(meta_ptr + 1, tl.sum(above_hi.to(tl.int64), axis=0))
-                    tl.store(meta_ptr + 2, total)
-                    tl.store(meta_ptr, most.to(tl.int64))
+            # Top-k and top-p after top-k: a keeping pass adds no counts; its 16 candidates'
+            # counts come from the keys it kept, read back after it (the same integers: every
+            # key of [lo, hi] is kept, the others add to every candidate or to none), and a lane
+            # that overflowed voids them: the row is read again, counting. Top-p alone counts
+            # while keeping, in one pass (its bound on a split's keys is loose, so lanes
+            # overflow and recounts cost more than the counts: bench/NOTES.md).
+            DEFERS: tl.constexpr = (MODE == TOP_K_MODE) or SKIPS
+            if DEFERS:
+                counting_pass = keep == 0
+                if keep:
+                    sums = row_pass(*split_range, weighting, fresh, (candidate, lo32, hi32, keys_ptr, kept_rows, keep),
+                                    MODE, UNROLL, BLOCK_V, SKIPS, False)
+                    counts, from_lo, above_hi, totals, lane_count = sums
+                    total = tl.sum(totals, axis=0)
+                    most = tl.max(lane_count, axis=0)
+                    if most <= kept_rows:
+                        _store_kept_record(lanes_ptr, meta_ptr, lane_count, most, above_hi, total)
+                        tl.debug_barrier()  # the kept keys visible to the whole program
+                        counts = count_kept(keys_ptr, most, lane_count, counts, candidate, MODE, BLOCK_V)
+                        counts += above_hi[None, :]  # keys above hi: above every candidate <= hi
+                    else:
+                        counting_pass = True
+                if counting_pass:
+                    sums = row_pass(*split_range, weighting, fresh,
+                                    (candidate, lo32, hi32, keys_ptr, kept_rows, False),
+                                    MODE, UNROLL, BLOCK_V, SKIPS, True)
+                    counts, from_lo, above_hi, totals, lane_count = sums
+                    total = tl.sum(totals, axis=0)
+            else:
+                sums = row_pass(*split_range, weighting, fresh, (candidate, lo32, hi32, keys_ptr, kept_rows, keep),
+                                MODE, UNROLL, BLOCK_V, SKIPS, True)
+                counts, from_lo, above_hi, totals, lane_count = sums
+                total = tl.sum(totals, axis=0)
+                if keep:
+                    most = tl.max(lane_count, axis=0)
+                    if most <= kept_rows:  # else a lane overflowed: read the row again next round
+                        _store_kept_record(lanes_ptr, meta_ptr, lane_count, most, above_hi, total)
         out = agg_ptr + (here * num_splits + split) * AGG_COLUMNS
         tl.store(out + j, tl.sum(counts.to(tl.int64), axis=1) + base)
         tl.store(out + TOTAL_COLUMN, total)

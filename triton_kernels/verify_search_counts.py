@@ -25,7 +25,7 @@ def kept_weight(key, present, MODE: tl.constexpr):
 
 @triton.jit
 def add_kept(key, row, lane_count, counts, from_lo, above_hi, stays, candidate, lo32, hi32, keys_ptr,
-             MODE: tl.constexpr, BLOCK_V: tl.constexpr):
+              MODE: tl.constexpr, BLOCK_V: tl.constexpr):
     """One kept row added into the per-lane partials; its keys of [lo, hi] moved down to row
     ``stays`` of their columns (stored only where that is another row)."""
     present = row < lane_count
@@ -63,9 +63,9 @@ def load_step(row_ptr, first, end, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr):
 @triton.jit
 def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above_hi, totals,
               lane_count, candidate, lo32, hi32, keys_ptr, kept_rows, keep, MODE: tl.constexpr,
-              BLOCK_V: tl.constexpr):
-    """A block's keys and weights added into the per-lane partials (and, when ``keep``, the
-    keys of [lo, hi] appended to their lanes' columns)."""
+              BLOCK_V: tl.constexpr, COUNTS: tl.constexpr):
+    """A block's keys and weights added into the per-lane partials (the 16 candidates' only
+    with COUNTS), and, when ``keep``, the keys of [lo, hi] appended to their lanes' columns."""
     if MODE == TOP_K_MODE:
         key = order_key(z)
         weight = inside.to(tl.int32)
@@ -73,7 +73,8 @@ def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above
         p = tl.math.div_rn(weights(z, max_logit, temperature, kth), z1)
         key = p.to(tl.int32, bitcast=True)
         weight = tl.where(inside, tl.floor(p * MASS_SCALE).to(tl.int64), 0)
-    counts += tl.where(key[None, :] > candidate[:, None], weight[None, :], 0)
+    if COUNTS:
+        counts += tl.where(key[None, :] > candidate[:, None], weight[None, :], 0)
     from_lo += tl.where(key >= lo32, weight, 0)
     above_hi += tl.where(key > hi32, weight, 0)
     totals += weight.to(tl.int64)
@@ -85,21 +86,22 @@ def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above
 
 
 @triton.jit
-def add_blocks(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr):
+def add_blocks(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr,
+               COUNTS: tl.constexpr):
     """add_block over the UNROLL blocks of a step."""
     z0, in0, z1, in1, z2, in2, z3, in3 = step
-    sums = add_block(z0, in0, *weighting, *sums, *counting, MODE, BLOCK_V)
+    sums = add_block(z0, in0, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS)
     if UNROLL > 1:
-        sums = add_block(z1, in1, *weighting, *sums, *counting, MODE, BLOCK_V)
+        sums = add_block(z1, in1, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS)
     if UNROLL > 2:
-        sums = add_block(z2, in2, *weighting, *sums, *counting, MODE, BLOCK_V)
-        sums = add_block(z3, in3, *weighting, *sums, *counting, MODE, BLOCK_V)
+        sums = add_block(z2, in2, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS)
+        sums = add_block(z3, in3, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS)
     return sums
 
 
 @triton.jit
 def add_step(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr,
-             SKIPS: tl.constexpr):
+             SKIPS: tl.constexpr, COUNTS: tl.constexpr):
     """The UNROLL blocks of a step (load_step's) added into the partials ``sums``. SKIPS
     (top-p after top-k): a step with no logit >= kth weighs 0 everywhere (key 0, mass 0),
     adds nothing and is skipped, the program's one test for the whole step (with top-k 50
@@ -108,7 +110,39 @@ def add_step(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.con
         z0, _in0, z1, _in1, z2, _in2, z3, _in3 = step
         highest = tl.max(tl.maximum(tl.maximum(z0, z1), tl.maximum(z2, z3)), axis=0)
         if highest >= weighting[2]:
-            sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V)
+            sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS)
     else:
-        sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V)
+        sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS)
     return sums
+
+
+@triton.jit
+def row_pass(row_ptr, v_begin, end, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr,
+             BLOCK_V: tl.constexpr, SKIPS: tl.constexpr, COUNTS: tl.constexpr):
+    """A split's entries [v_begin, end) added into ``sums``, UNROLL blocks a step, their
+    loads issued first (more bytes in flight a thread), and the next step's loads before
+    this step's counts."""
+    lane = tl.arange(0, BLOCK_V)
+    offset = v_begin
+    step = load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
+    while offset < end:
+        this_step = step
+        step = load_step(row_ptr, offset + UNROLL * BLOCK_V + lane, end, UNROLL, BLOCK_V)
+        sums = add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS, COUNTS)
+        offset += UNROLL * BLOCK_V
+    return sums
+
+
+@triton.jit
+def count_kept(keys_ptr, rows, lane_count, counts, candidate, MODE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The 16 candidates' counts over the first ``rows`` rows of a split's kept keys (each
+    lane's first lane_count), 4 rows loaded at a time: a lane reads back its own column."""
+    row = 0
+    while row < rows:
+        for u in tl.static_range(4):
+            present = row + u < lane_count
+            key = tl.load(keys_ptr + (row + u) * BLOCK_V, mask=present, other=0)
+            weight = kept_weight(key, present, MODE)
+            counts += tl.where(key[None, :] > candidate[:, None], weight[None, :], 0)
+        row += 4
+    return counts
