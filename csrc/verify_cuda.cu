@@ -10,10 +10,10 @@
 //    that are skipped); the next slot's slices are prefetched into L2 meanwhile.
 //    Each CTA copies its slice of the row into shared memory (sanitised to float32) while
 //    taking the max and argmax; the cluster combines them through distributed shared
-//    memory; then, from shared memory alone: the top-k threshold (a 32-step bisection
-//    over the float order, only when asked), the weights and their fixed-point sum, the
-//    top-p cut (a 31-step bisection over the probabilities' bits, only when asked) and the
-//    final normaliser, and p of the slot's draft token. On draft rows of random requests
+//    memory; then, from shared memory alone: the top-k threshold (a radix selection over
+//    the float order, 4 rounds of 8 bits, only when asked: cluster_radix.cuh), the weights
+//    and their fixed-point sum, the top-p cut (the same over the probabilities' bits,
+//    weighted by their masses, only when asked) and the final normaliser, and p of the slot's draft token. On draft rows of random requests
 //    with draft probs, also the block masses: sum floor(w_v 2^40) over blocks of 256
 //    entries of each CTA's slice (from the slice's start, the last one shorter), 8 bytes
 //    per block. Every row is read from DRAM once.
@@ -92,16 +92,18 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
     int64_t num_slots, int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice, bool greedy_needs_probs) {
   extern __shared__ float row_slice[];  // [slice]: logits, then weights
   __shared__ Slot warp_slots[kWarps], exchange[2], result;
+  __shared__ int64_t radix_bins[2][256], radix_totals[kWarps], radix_picked[2];
   cg::cluster_group cluster = cg::this_cluster();
   ClusterReducer<kWarps> reducer{warp_slots, exchange, &result, 0};
+  ClusterRadix<kThreads> radix{radix_bins, radix_totals, radix_picked, 0};
   const int64_t num_clusters = gridDim.x / cluster.num_blocks();
   for (int64_t slot = blockIdx.x / cluster.num_blocks(); slot < num_slots; slot += num_clusters) {
     __syncthreads();  // every thread is done with the previous slot's slice
     const int64_t next_slot = slot + num_clusters < num_slots ? slot + num_clusters : -1;
-    row_stats_slot(cluster, reducer, row_slice, target, bonus, draft, cu, temperature, top_k, top_p, stats,
+    row_stats_slot(cluster, reducer, radix, row_slice, target, bonus, draft, cu, temperature, top_k, top_p, stats,
                    block_masses, num_tokens, vocab, width, slice, greedy_needs_probs, slot, next_slot);
   }
-  cluster.sync();  // peers may still read this CTA's exchange slots
+  cluster.sync();  // peers may still read this CTA's exchange slots and histograms
 }
 
 // ---------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "cluster_radix.cuh"
 #include "cluster_reduce.cuh"
 #include "repro_math.h"
 #include "token_ids.h"
@@ -43,8 +44,8 @@ __device__ inline void store_block_masses(int64_t* sums, const float* weights, i
 
 template <typename scalar_t>
 __device__ void row_stats_slot(
-    cg::cluster_group& cluster, ClusterReducer<kWarps>& reducer, float* row_slice, const scalar_t* target,
-    const scalar_t* bonus, TokenIds draft, const int32_t* cu, const float* temperature, const int32_t* top_k,
+    cg::cluster_group& cluster, ClusterReducer<kWarps>& reducer, ClusterRadix<kThreads>& radix, float* row_slice,
+    const scalar_t* target, const scalar_t* bonus, TokenIds draft, const int32_t* cu, const float* temperature, const int32_t* top_k,
     const float* top_p, RowStats* stats, int64_t* block_masses, int64_t num_tokens, int64_t vocab, int64_t width,
     int64_t slice, bool greedy_needs_probs, int64_t slot, int64_t next_slot) {
   const int64_t rank = cluster.block_rank();
@@ -105,14 +106,11 @@ __device__ void row_stats_slot(
 
   float kth = -INFINITY;  // keep z >= the top_k-th largest logit, ties included
   if (sp.top_k > 0 && sp.top_k < vocab) {
-    uint32_t key = 0;  // the largest key with count(order_key(z) >= key) >= top_k
-    for (int bit = 31; bit >= 0; --bit) {
-      const uint32_t candidate = key | (1u << bit);
-      int64_t count = 0;
-      for (int64_t j = threadIdx.x; j < n; j += kThreads) count += order_key(row_slice[j]) >= candidate;
-      if (reducer.sum(cluster, count) >= sp.top_k) key = candidate;
-    }
-    kth = key_to_float(key);
+    // The largest key with count(order_key(z) >= key) >= top_k: the top_k-th largest key.
+    const RadixPick pick = radix.template select<true>(
+        cluster, n, [&](int64_t j, uint32_t& key, int64_t& weight) { key = order_key(row_slice[j]); weight = 1; },
+        [&](int64_t count, int64_t) { return count >= sp.top_k; });
+    kth = key_to_float(pick.key);
   }
   int64_t fixed = 0;
   const Temperature temperature_scale(sp.temperature);
@@ -128,26 +126,18 @@ __device__ void row_stats_slot(
   if (sp.top_p < 1.f) {
     // Keep v when the mass strictly above p_v is below top_p: the kept set is {p >= cut},
     // cut the smallest float (as bits) whose strictly-greater mass passes the test.
-    int64_t mass = 0;
-    for (int64_t j = threadIdx.x; j < n; j += kThreads) mass += fixed_point(repro::div(row_slice[j], z1), kMassScale);
-    const int64_t total = reducer.sum(cluster, mass);
+    // As a radix selection: keys p's bits, weights its fixed-point mass; the cut is the key
+    // at which the mass from the top first reaches top_p of the total (none: no cut).
     const int64_t threshold = max(int64_t{1}, static_cast<int64_t>(floorf(repro::mul(sp.top_p, kTopPScale))));
-    auto passes = [&](uint32_t t) {
-      int64_t above = 0;
-      for (int64_t j = threadIdx.x; j < n; j += kThreads) {
-        const float p = repro::div(row_slice[j], z1);
-        if (__float_as_uint(p) > t) above += fixed_point(p, kMassScale);
-      }
-      return reducer.sum(cluster, above) * (int64_t{1} << 24) < threshold * total;
-    };
-    if (!passes(0)) {
-      uint32_t failing = 0;  // the largest bits that fail
-      for (int bit = 30; bit >= 0; --bit) {
-        const uint32_t candidate = failing | (1u << bit);
-        if (!passes(candidate)) failing = candidate;
-      }
-      cut = failing + 1;
-    }
+    const RadixPick pick = radix.template select<false>(
+        cluster, n,
+        [&](int64_t j, uint32_t& key, int64_t& weight) {
+          const float p = repro::div(row_slice[j], z1);
+          key = __float_as_uint(p);
+          weight = fixed_point(p, kMassScale);
+        },
+        [&](int64_t above, int64_t total) { return above * (int64_t{1} << 24) >= threshold * total; });
+    if (pick.found) cut = pick.key;
     if (cut != 0) {
       fixed = 0;
       for (int64_t j = threadIdx.x; j < n; j += kThreads) {

@@ -269,18 +269,38 @@ def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit
         for name, value in (("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 16)):
             monkeypatch.setattr(triton_verify, name, value)
     vocab = 300 if tiny else 2500 if device == "cpu" else 40000
+    assert_matches_reference(threshold_inputs(vocab), 3, device, backend)
+
+
+def threshold_inputs(vocab):
+    """Four random requests whose top-k / top-p thresholds are hard to find exactly: bonus
+    rows tied (inside and across splits); request 2's rows one logit of 0, the others
+    consecutive floats from -70 down (each key once, shuffled), k of half the vocab, T =
+    10: the k-th largest lies below max - 64 among logits one key apart that weigh in z1, so
+    a threshold one key off changes the log-probabilities; k of 1 and 5, top-p 0.9, 0.5,
+    0.75."""
     inputs = make_inputs([2, 0, 3, 1], vocab, seed=31, greedy_fraction=0.0)
-    inputs["bonus_logits"] = (inputs["bonus_logits"] * 4).round() / 4  # ties inside and across splits
-    # Request 2's rows: one logit of 0, the others consecutive floats from -70 down (each key
-    # once, shuffled), k of half the vocab, T = 10: the k-th largest lies below max - 64 (the
-    # first round, near the max, leaves an interval of ~2^30 keys) among logits one key
-    # apart that weigh in z1, so a threshold one key off changes the log-probabilities.
+    inputs["bonus_logits"] = (inputs["bonus_logits"] * 4).round() / 4
     dense = (0xC28C0000 + torch.stack([torch.randperm(vocab) for _ in range(3)])).int().view(torch.float32)
     inputs["target_logits"][2:5] = dense.index_fill(1, torch.tensor([0]), 0.0)
     inputs["temperature"][2] = 10.0
     inputs["top_k"] = torch.tensor([1, 5, vocab // 2, 0], dtype=torch.int32)
     inputs["top_p"] = torch.tensor([0.9, 0.5, 1.0, 0.75])
-    assert_matches_reference(inputs, 3, device, backend)
+    return inputs
+
+
+# The Triton kernel's searches have their own test above (its split and kept-key paths);
+# under the interpreter this one would only repeat it, slowly.
+THRESHOLD_BACKENDS = [p for p in KERNEL_BACKENDS if p.values != ("cpu", Backend.TRITON)]
+
+
+@pytest.mark.parametrize("device,backend", THRESHOLD_BACKENDS)
+@pytest.mark.parametrize("vocab", [700, 9000, 128256])
+def test_threshold_searches_match_reference(device, backend, vocab):
+    """The top-k / top-p thresholds of threshold_inputs at vocabularies that give the CUDA
+    kernel clusters of 1 to 16 CTAs (the radix selection's histograms summed across them):
+    exactly the reference's tokens, counts and log-probabilities."""
+    assert_matches_reference(threshold_inputs(vocab), 3, device, backend)
 
 
 def test_triton_kept_keys_layout_is_bounded():
