@@ -1,0 +1,55 @@
+"""Where an eager specops.verify call spends its host time: each backend's eager call
+against its graph replay (the difference is host time), then cProfile over eager calls of
+one backend. Usage (GPU):
+
+    python bench/host_verify.py --shape 1:4:128256:random --backend triton
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+
+import torch
+from ab_verify import graph_of, shape_call
+
+import common
+import specops
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="1:4:128256:random")
+    parser.add_argument("--backend", default="triton")
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--top", type=int, default=30)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    label, call, logprobs = shape_call(args.shape, device)
+    for backend in ("cuda", "triton"):
+        def eager(backend=backend):
+            return specops.verify(*call, logprobs, backend=backend, validate=False)
+        replay = graph_of(eager).replay
+        eager_us = common.time_us(eager, device, iters=100)
+        replay_us = common.time_us(replay, device, iters=100)
+        print(f"{label} {backend}: eager {eager_us:.1f} us, graph replay {replay_us:.1f} us", flush=True)
+
+    def calls():
+        for _ in range(args.calls):
+            specops.verify(*call, logprobs, backend=args.backend, validate=False)
+        torch.cuda.synchronize()
+
+    calls()
+    profile = cProfile.Profile()
+    profile.enable()
+    calls()
+    profile.disable()
+    stats = pstats.Stats(profile)
+    stats.sort_stats("tottime").print_stats(args.top)
+    stats.sort_stats("cumulative").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
