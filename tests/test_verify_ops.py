@@ -51,7 +51,7 @@ def test_grid_matches_reference(device, backend, dtype, ngram, vocab):
 @pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("path", ["proposal", "direct"])
 @pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
-def test_residual_token_through_each_path_matches_reference(device, backend, path, with_top, monkeypatch):
+def test_residual_token_through_each_path_matches_reference(device, backend, path, with_top, screen, monkeypatch):
     """Random requests reject their first draft; their residual token comes from a kept
     proposal, or (q close to p) from the pass over the residual masses when all 16 fail:
     both paths equal the reference, which is checked to take the intended one."""
@@ -66,6 +66,7 @@ def test_residual_token_through_each_path_matches_reference(device, backend, pat
     monkeypatch.setattr(reference_module, "propose_residual", lambda *a: proposals.append(propose(*a)) or proposals[-1])
     assert_matches_reference(inputs, 3, device, backend)
     assert len(proposals) == 3 and all((token is not None) == (path == "proposal") for token in proposals)
+    assert_tokens_match_reference(inputs, 3, device, backend)  # without log-probabilities: screened or not
 
 
 @pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
@@ -83,6 +84,7 @@ def test_hypothesis_matches_reference(device, backend):
         inputs = make_inputs(counts, vocab, seed, greedy_fraction=greedy_fraction, ngram=ngram, id_dtype=id_dtype,
                              with_top=with_top)
         assert_matches_reference(inputs, max(counts) + 1, device, backend)
+        assert_tokens_match_reference(inputs, max(counts) + 1, device, backend)  # the Triton kernel unscreened
 
     check()
 
@@ -163,16 +165,29 @@ def assert_tokens_match_reference(inputs, max_spec_len, device, backend):
         assert torch.equal(g.cpu(), e), f"{name} differs:\n{g}\n{e}"
 
 
+@pytest.fixture(params=["screened", "unscreened"])
+def screen(request, monkeypatch):
+    """The Triton launcher with and without its screen on tokens-only calls (one request
+    with few bytes of rows skips it by default: every test exact; other backends ignore
+    this)."""
+    from specops.triton_kernels import verify as triton_verify
+
+    unscreened = request.param == "unscreened"
+    monkeypatch.setattr(triton_verify, "UNSCREENED_MAX_BATCH", 1 << 30 if unscreened else 0)
+    monkeypatch.setattr(triton_verify, "UNSCREENED_BYTES", 1 << 62 if unscreened else 0)
+    return request.param
+
+
 @pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("ngram,with_top", [(False, False), (True, False), (False, True)],
                          ids=["draft", "ngram", "draft-top"])
-def test_without_logprobs_matches_reference(device, backend, ngram, with_top):
+def test_without_logprobs_matches_reference(device, backend, ngram, with_top, screen):
     inputs = make_inputs([3, 0, 5, 1, 2, 4], 120, seed=31, ngram=ngram, greedy_fraction=0.3, with_top=with_top)
     assert_tokens_match_reference(inputs, 5, device, backend)
 
 
 @pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
-def test_acceptance_tests_at_the_boundary_match_reference(device, backend):
+def test_acceptance_tests_at_the_boundary_match_reference(device, backend, screen):
     """Draft probs placed so that u q(x) lies within 4e-6 (relative) of p(x): just below at
     step 0 (accept), just above at step 1 (reject). No approximate normaliser settles these
     tests; the kernels must still agree with the reference."""

@@ -39,10 +39,14 @@ CASES = [
     ("top-p search", verify_search.threshold_search_kernel, {"MODE": 1, "BLOCK_V": 256}, False),
     ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048}, False),
     ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
+    ("fixed sum, unscreened", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048, "MARKED": False},
+     False),
     ("decide", verify_decide.decide_kernel, {}, False),
     ("residual sample", verify_sample.residual_sample_kernel, {}, False),
     ("residual sample, no logprobs", verify_sample.residual_sample_kernel, {"RETURN_LOGPROBS": False}, False),
     ("decide, no draft probs", verify_decide.decide_kernel, {"HAS_DRAFT_PROBS": False}, False),
+    ("decide, unscreened", verify_decide.decide_kernel, {"SCREENED": False, "HAS_TOP_K": False, "HAS_TOP_P": False,
+                                                          "RETURN_LOGPROBS": False}, False),
 ]
 
 

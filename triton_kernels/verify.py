@@ -13,7 +13,9 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
 3. screen, grid (B,): greedy requests finish here; plain random requests settle their
    acceptance tests from the approximate normalisers and mark the steps that need the
    exact one (the rejected or bonus step, and every later step after an unsettled test);
-   with top-k, top-p or log-probabilities every reachable step is marked;
+   with top-k, top-p or log-probabilities every reachable step is marked. Skipped for
+   one request with few enough bytes of rows (UNSCREENED_MAX_BATCH, UNSCREENED_BYTES):
+   every reachable step is then summed in 4 and tested exactly in 6;
 4. exact fixed-point normaliser z1, grid (B * S,): the marked steps of each request
    (always a range, usually one step) in turn; with top-k, top-p or log-probabilities
    (every step marked) grid (width * B * S,), a step each;
@@ -107,6 +109,14 @@ DECIDE_WARPS = 8
 # (bench/NOTES.md): B = 1 n-gram 15.5 -> 14.9 µs, B = 16 random 32.1 -> 31.6, B = 256 291.5
 # -> 290.8 (1 and 2 warps slower, 16 no better).
 SCREEN_WARPS = 8
+# Tokens-only calls of at most UNSCREENED_MAX_BATCH requests whose reachable rows hold at
+# most UNSCREENED_BYTES of logits skip the screen: the normaliser sums every reachable row
+# (from L2, just read by the max pass) and the decisions test every step exactly, one
+# launch less in the chain. H100, k=4, V=128256 (bench/NOTES.md): B=1 random 16.4 -> 14.6
+# µs, n-gram 14.4 -> 12.5, B=1 k=8 V=151936 21.4 -> 18.3; B=2 17.4 -> 17.8, B=4 19.4 ->
+# 21.4: a second request's rows cost more than the launch saves.
+UNSCREENED_MAX_BATCH = 1
+UNSCREENED_BYTES = 16 << 20
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
 PROGRAMS_PER_SM = 4
 # Programmatic dependent launch of each launch after the first (sm_90+): it is scheduled
@@ -191,7 +201,14 @@ def verify(
     # The exact normaliser: every reachable row with top-k/top-p/log-probabilities (the
     # search partials share its split), else about one marked row per request.
     exact_everywhere = has_top_k or has_top_p or return_logprobs
-    sum_split_len = split_len if exact_everywhere else wave_split_len(batch, vocab, device, SUM_RESIDENT, BLOCK_V)
+    # Few rows: no screen; every reachable row's exact normaliser, all tests exact.
+    screened = (exact_everywhere or greedy_only or batch > UNSCREENED_MAX_BATCH
+                or num_slots * vocab * target_logits.element_size() > UNSCREENED_BYTES)
+    if exact_everywhere:
+        sum_split_len = split_len
+    else:
+        sum_rows = batch if screened else num_slots
+        sum_split_len = wave_split_len(sum_rows, vocab, device, SUM_RESIDENT, BLOCK_V)
     sum_splits = triton.cdiv(vocab, sum_split_len)
     block_s = triton.next_power_of_2(max(num_splits, sum_splits))
 
@@ -251,9 +268,10 @@ def verify(
     request = (target_logits, bonus_logits, draft_token_ids, draft_probs_arg, cu_num_draft_tokens, *params, seeds,
                positions, num_tokens, vocab, width, num_splits)
     request_flags = {"HAS_DRAFT_PROBS": draft_probs is not None, "RETURN_LOGPROBS": return_logprobs, **flags}
-    screen_kernel[(batch,)](out, num_accepted, marked, resume, part_max, part_arg, part_approx, *request,
-                            ALL_GREEDY=greedy_only, BLOCK_W=triton.next_power_of_2(width), num_warps=SCREEN_WARPS,
-                            **request_flags, **exact)
+    if screened:
+        screen_kernel[(batch,)](out, num_accepted, marked, resume, part_max, part_arg, part_approx, *request,
+                                ALL_GREEDY=greedy_only, BLOCK_W=triton.next_power_of_2(width),
+                                num_warps=SCREEN_WARPS, **request_flags, **exact)
     if greedy_only:
         return out, num_accepted, logprobs
     sums = (marked, part_max, part_arg, *top_k_search, *top_p_search)
@@ -261,9 +279,9 @@ def verify(
     # One program per (request, split) walking the request's marked steps (usually one; no
     # idle programs: B = 16 random 39.0 -> 33.7 µs, bench/NOTES.md), or with every step
     # marked one per (step, request, split).
-    step_programs = width if exact_everywhere else 1
+    step_programs = 1 if screened and not exact_everywhere else width
     sum_grid = (step_programs * batch * sum_splits,)
-    sum_flags = {"BLOCK_V": BLOCK_V, "MASS_BLOCK": mass_block, "num_warps": SUM_WARPS,
+    sum_flags = {"BLOCK_V": BLOCK_V, "MASS_BLOCK": mass_block, "MARKED": screened, "num_warps": SUM_WARPS,
                  **flags, **exact}
     fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
                                **sum_flags)
@@ -283,7 +301,8 @@ def verify(
         out, num_accepted, logprobs if return_logprobs else out, sample_float, sample_int, arrivals, block_sum,
         resume, part_max, part_arg, part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits,
         **request_flags, MASS_BLOCK=mass_block, BLOCK_B=triton.next_power_of_2(triton.cdiv(vocab, mass_block)),
-        PROPOSAL_ROUND=PROPOSAL_ROUND, BLOCK_W=triton.next_power_of_2(width), num_warps=DECIDE_WARPS, **exact,
+        PROPOSAL_ROUND=PROPOSAL_ROUND, BLOCK_W=triton.next_power_of_2(width), SCREENED=screened,
+        num_warps=DECIDE_WARPS, **exact,
     )
     if draft_probs is None:  # every token drawn by the decisions
         return out, num_accepted, logprobs

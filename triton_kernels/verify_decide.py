@@ -26,7 +26,7 @@ from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token, propose_resid
 
 
 # Grid (batch,). Program b walks request b's steps from resume[b] (the screen emitted the
-# steps before it) with the combined row statistics and exact normalisers:
+# steps before it; from step 0 without SCREENED, every test exact) with the combined row statistics and exact normalisers:
 # greedy: emit the argmax, stop at the first mismatch; random: the acceptance test
 # u q(x) < p(x) (u from Philox, p(x) from one logit and the row's max and normalisers),
 # stop at the first rejection or the bonus step, where a random request draws its token
@@ -74,6 +74,7 @@ def decide_kernel(
     BLOCK_B: tl.constexpr,  # a power of two >= the number of block sums (cdiv(vocab, MASS_BLOCK))
     PROPOSAL_ROUND: tl.constexpr,  # residual proposals tried at a time (divides RESIDUAL_PROPOSALS)
     BLOCK_W: tl.constexpr,  # a power of two >= width
+    SCREENED: tl.constexpr = True,  # False: no screen ran, every request is walked from step 0
     PDL: tl.constexpr = False,
 ):
     # Before the wait (PDL): the op's own inputs only (verify_math.chain_launch): every
@@ -107,7 +108,10 @@ def decide_kernel(
     tl.store(sample_int, -1)
     if HAS_DRAFT_PROBS:  # every request: no memset launch, and each call (graph replay) starts at 0
         tl.store(arrivals_ptr + b, 0)
-    i = tl.load(resume_ptr + b)
+    if SCREENED:
+        i = tl.load(resume_ptr + b)
+    else:
+        i = tl.zeros([], tl.int32)
     num_mass_blocks = tl.cdiv(vocab, MASS_BLOCK)
     mass_blocks = tl.arange(0, BLOCK_B)
     done = (i < 0).to(tl.int32)  # the screen decided the whole request

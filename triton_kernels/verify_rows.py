@@ -15,6 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .ragged import draft_range
 from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, fixed_weights, load_logits, processed_weights
 from .verify_search import row_kth, row_p_min
 from .verify_slots import request_params, row_fixed_sum, row_max_argmax, slot_row
@@ -122,7 +123,8 @@ def row_max_kernel(
 
 # Grid (step_programs * batch * sum_splits,), split fastest, then request, then j: program
 # (j, b, s) takes the j-th, (j + step_programs)-th, ... of the steps the screen marked in
-# request b (marked[b] = (first step, number of steps)) and adds floor(w_v 2^40) over split
+# request b (marked[b] = (first step, number of steps); without MARKED every reachable
+# step, no screen having run) and adds floor(w_v 2^40) over split
 # s of its row (int64, exact), w = exp((z - max) / T) after top-k (SECOND: also top-p,
 # p = w / z1 >= p_min). Greedy slots sum at T = 1 (log-probabilities). The launcher gives
 # step_programs = 1 when usually one step a request is marked (no idle programs), the width
@@ -158,6 +160,7 @@ def fixed_sum_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     MASS_BLOCK: tl.constexpr,  # divides BLOCK_V: entries per stored block sum
+    MARKED: tl.constexpr = True,  # False: no screen ran, every reachable step is summed
     PDL: tl.constexpr = False,
 ):
     program = tl.program_id(0)
@@ -172,9 +175,14 @@ def fixed_sum_kernel(
         b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)
     temperature = tl.where(temperature == 0.0, 1.0, temperature)
     inverse = exact_inverse(temperature)
+    _start, num_drafts = draft_range(cu_ptr, b, num_tokens, width - 1)  # unused (dropped) when MARKED
     chain_launch(PDL)
-    first = tl.load(marked_ptr + b * 2)
-    count = tl.load(marked_ptr + b * 2 + 1)
+    if MARKED:
+        first = tl.load(marked_ptr + b * 2)
+        count = tl.load(marked_ptr + b * 2 + 1)
+    else:
+        first = tl.zeros([], tl.int32)
+        count = (num_drafts + 1).to(tl.int32)
     if SECOND:
         count = tl.where(uses_top_p, count, 0)
     while j < count:
