@@ -98,6 +98,7 @@ def main() -> None:
     parser.add_argument("--shapes", default=DEFAULT_SHAPES)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0, help="of the inputs (the same in every process)")
     parser.add_argument("--profile", action="store_true", help="also print each variant's kernel times")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (no graphs)")
     add_set_option(parser)  # this tree's constants
@@ -111,7 +112,7 @@ def main() -> None:
     device = torch.device(args.device)
     summary = []
     for shape in args.shapes.split(","):
-        torch.manual_seed(0)  # the same inputs in every process
+        torch.manual_seed(args.seed)  # the same inputs in every process
         label, call, logprobs = shape_call(shape, device)
         fns = {name: (lambda launch=launch: launch(*call, logprobs)) for name, launch in variants.items()}
         outputs = {name: [t.clone() for t in fn()] for name, fn in fns.items()}
