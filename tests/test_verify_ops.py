@@ -457,6 +457,36 @@ def test_gpu_default_backend_is_triton_inside_graph_capture(monkeypatch):
         assert torch.equal(s, e)
 
 
+def test_eager_default_steers_to_triton_by_logits():
+    """The eager default's crossover (specops.ops.TRITON_EAGER_MIN_LOGITS): the bench's
+    shapes on either side of it, as measured (specops/ops.py)."""
+    rows = lambda batch, k: batch * (k + 1)  # noqa: E731 (target and bonus rows)
+    assert not specops.ops.triton_faster_eagerly(rows(64, 4) * 128256, filtered=False)
+    assert specops.ops.triton_faster_eagerly(rows(64, 8) * 151936, filtered=False)
+    assert specops.ops.triton_faster_eagerly(rows(256, 4) * 128256, filtered=False)
+    assert not specops.ops.triton_faster_eagerly(rows(16, 4) * 128256, filtered=True)
+    assert specops.ops.triton_faster_eagerly(rows(64, 4) * 128256, filtered=True)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_eager_default_runs_triton_on_many_logits(monkeypatch):
+    """An eager call past the crossover (B=64, k=4, V=128256 with top-k and top-p: 41M
+    logits) runs the Triton kernel by default, a small one the CUDA kernel; the default's
+    result equals the CUDA kernel's."""
+    chosen = []
+    op = specops.ops._op
+    monkeypatch.setattr(specops.ops, "_op", lambda name, backend: chosen.append(backend) or op(name, backend))
+    inputs = on(make_inputs([4] * 64, 128256, seed=8, greedy_fraction=0.25, with_top=True), "cuda")
+    default = specops.verify(*inputs.values(), 4, False)
+    cuda = specops.verify(*inputs.values(), 4, False, backend="cuda")
+    small = on(make_inputs([4] * 2, 128256, seed=8, greedy_fraction=0.25, with_top=True), "cuda")
+    specops.verify(*small.values(), 4, False)
+    assert chosen == [Backend.TRITON, Backend.CUDA, Backend.CUDA]
+    for d, c in zip(default, cuda):
+        assert torch.equal(d, c)
+
+
 @pytest.mark.gpu
 @requires_gpu
 def test_gpu_vocab_past_the_cuda_kernel_runs_triton_by_default():
