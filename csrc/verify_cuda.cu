@@ -13,10 +13,11 @@
 //    memory; then, from shared memory alone: the top-k threshold (a radix selection over
 //    the float order, 4 rounds of 8 bits, only when asked: cluster_radix.cuh), the weights
 //    and their fixed-point sum, the top-p cut (the same over the probabilities' bits,
-//    weighted by their masses, only when asked) and the final normaliser, and p of the slot's draft token. On draft rows of random requests
-//    with draft probs, also the block masses: sum floor(w_v 2^40) over blocks of 256
-//    entries of each CTA's slice (from the slice's start, the last one shorter), 8 bytes
-//    per block. Every row is read from DRAM once.
+//    weighted by their masses, only when asked) and the final normaliser, and p of the
+//    slot's draft token. On draft rows of random requests with draft probs, also the
+//    block masses: sum floor(w_v 2^40) over blocks of 256 entries of each CTA's slice
+//    (from the slice's start, the last one shorter), 8 bytes per block. Every row is read
+//    from DRAM once.
 // 2. Decision and sampling. Grid: B clusters. Each CTA walks its request's acceptance
 //    tests (Philox uniforms against the stored p of the drafts), so every CTA knows the
 //    first rejected row (or the bonus row). At a rejection with draft probs, every CTA

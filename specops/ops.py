@@ -287,7 +287,8 @@ def verify(
     """
     device = target_logits.device
     # The default skips the CUDA kernel where it cannot run (vocabulary, GPU) and where
-    # Triton is faster (a graph being captured); an explicit backend="cuda" is not steered.
+    # Triton is faster (a graph being captured, many logits); an explicit backend="cuda" is
+    # not steered.
     num_logits = (target_logits.shape[0] + bonus_logits.shape[0]) * target_logits.shape[-1]
     skip_cuda = device.type == "cuda" and (
         target_logits.shape[-1] > CUDA_VERIFY_MAX_VOCAB or _cuda_major(device.index) < 9

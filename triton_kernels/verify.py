@@ -262,8 +262,9 @@ def verify(
         threshold_search_kernel[grid](*top_k_search, *kept, part_max, part_arg, *top_k_search, part_sum, *rows,
                                       *params, num_tokens, vocab, width, split_len, search_round, *keeping,
                                       MODE=TOP_K_MODE, **search_flags)
-    marked = empty(batch, 2, dtype=torch.int32)
-    resume = empty(batch, dtype=torch.int32)
+    # Written by the screen only (unscreened: never read, the output stands in).
+    marked = empty(batch, 2, dtype=torch.int32) if screened else out
+    resume = empty(batch, dtype=torch.int32) if screened else out
     draft_probs_arg = draft_probs if draft_probs is not None else part_max
     request = (target_logits, bonus_logits, draft_token_ids, draft_probs_arg, cu_num_draft_tokens, *params, seeds,
                positions, num_tokens, vocab, width, num_splits)
