@@ -93,8 +93,12 @@ void reshape_and_cache_cuda(const at::Tensor& key,          // [N, Hkv, D]
 // ---------------------------------------------------------------------------------------
 // Split-KV merge. Grid: ceil(Q * Hq / 4) programs of 4 warps; one warp per (query row,
 // head): out = sum_s exp(lse_s - m) * out_s / sum_s exp(lse_s - m), m = max_s lse_s, which
-// is exact because each out_s is its split's normalised output. Bytes: S * (D + 1) floats
-// in and D elements + one LSE out per row.
+// is exact because each out_s is its split's normalised output. Lane s holds split s's
+// weight (S <= 32); each lane owns 4 consecutive dims (float4 loads) of every 128, and
+// loads all splits' partial rows before it sums them. Bytes: S * (D + 1) floats in and D
+// elements + one LSE out per row.
+constexpr int kMaxSplits = 32;  // one split per lane of the merge
+
 template <typename Element>
 __global__ void merge_splits_kernel(uint16_t* __restrict__ out,                // [Q * Hq, D]
                                     float* __restrict__ lse,                   // [Q * Hq] or null
@@ -104,22 +108,28 @@ __global__ void merge_splits_kernel(uint16_t* __restrict__ out,                /
   const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
-  float m = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) m = fmaxf(m, partial_lse[s * rows + row]);
-  float total = 0.f;
-  if (m != -INFINITY) {
-    for (int s = 0; s < num_splits; ++s) total += expf(partial_lse[s * rows + row] - m);
-  }
+  const float split_lse = lane < num_splits ? partial_lse[lane * rows + row] : -INFINITY;
+  float m = split_lse;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  const float weight = m == -INFINITY ? 0.f : expf(split_lse - m);  // 0 for an empty split
+  float total = weight;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
   const float inv = total > 0.f ? 1.f / total : 0.f;  // no visible key in any split: zeros
-  for (int d = lane; d < head_dim; d += 32) {
-    float acc = 0.f;
-    if (total > 0.f) {
-      for (int s = 0; s < num_splits; ++s) {
-        const float w = expf(partial_lse[s * rows + row] - m);  // 0 for an empty split
-        if (w > 0.f) acc += w * partial_out[(s * rows + row) * head_dim + d];
+  for (int d = 4 * lane; d < head_dim; d += 128) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int s = 0; s < num_splits; ++s) {
+      const float w = __shfl_sync(0xffffffffu, weight, s);
+      if (w > 0.f) {  // an empty split's partial row is never read
+        const float4 x = *reinterpret_cast<const float4*>(partial_out + (s * rows + row) * head_dim + d);
+        acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
       }
     }
-    out[row * head_dim + d] = Element::from_float(acc * inv);
+    const uint32_t lo = pack_pair(Element::from_float(acc.x * inv), Element::from_float(acc.y * inv));
+    const uint32_t hi = pack_pair(Element::from_float(acc.z * inv), Element::from_float(acc.w * inv));
+    *reinterpret_cast<uint2*>(out + row * head_dim + d) = make_uint2(lo, hi);
   }
   if (lane == 0 && lse != nullptr) lse[row] = total > 0.f ? m + logf(total) : -INFINITY;
 }
@@ -127,7 +137,6 @@ __global__ void merge_splits_kernel(uint16_t* __restrict__ out,                /
 // ---------------------------------------------------------------------------------------
 // paged_attention launcher.
 
-constexpr int kMaxSplits = 32;
 constexpr int64_t kMaxWorkspaceBytes = int64_t{256} << 20;  // partial outputs of all splits
 
 // The combinations this kernel covers; anything else raises here (specops.ops then picks
@@ -144,9 +153,9 @@ void check_cuda_support(const at::Tensor& query, const at::Tensor& key_cache, co
   const int64_t group = s.num_heads / s.num_kv_heads;
   TORCH_CHECK_VALUE(group <= 16, "num_heads / num_kv_heads (the GQA group) must be at most 16 for the CUDA ",
                     "paged_attention kernel, got ", num(s.num_heads), " / ", num(s.num_kv_heads));
-  TORCH_CHECK_VALUE(s.max_blocks * s.block_size < INT32_MAX && s.num_blocks < INT32_MAX,
+  TORCH_CHECK_VALUE(s.max_blocks * s.block_size < INT32_MAX && s.num_blocks * s.block_size < INT32_MAX,
                     "block_table must address fewer than 2^31 keys (max_blocks * block_size = ",
-                    num(s.max_blocks * s.block_size), ") and key_cache hold fewer than 2^31 blocks, got key_cache ",
+                    num(s.max_blocks * s.block_size), ") and key_cache hold fewer than 2^31 slots, got key_cache ",
                     shape_str(key_cache));
   TORCH_CHECK_VALUE(s.num_query_tokens < INT32_MAX / 16 && s.batch < INT32_MAX / 16,
                     "query must have fewer than 2^27 rows, got ", shape_str(query));
@@ -158,12 +167,12 @@ void check_cuda_support(const at::Tensor& query, const at::Tensor& key_cache, co
 
 // Programs of one kernel variant resident on the whole device (occupancy x SMs), after
 // raising its dynamic shared-memory limit; measured once per variant and device.
-template <typename Element, int kHeadDim, int kMTiles>
+template <typename Element, int kHeadDim, int kMTiles, bool kCapOrWindow>
 int64_t prepare_variant(int device) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int64_t> cache[kMaxDevices] = {};
   if (device < kMaxDevices && cache[device].load() > 0) return cache[device].load();
-  const auto kernel = paged_attention_kernel<Element, kHeadDim, kMTiles>;
+  const auto kernel = paged_attention_kernel<Element, kHeadDim, kMTiles, kCapOrWindow>;
   constexpr int bytes = AttentionSmem<kHeadDim, kMTiles>::kBytes;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   int per_sm = 0, sms = 0;
@@ -178,11 +187,11 @@ int64_t prepare_variant(int device) {
 
 // Row chunks in flight per sequence (C) and KV splits (S), from shapes alone: C spreads
 // long query runs (prefill) over programs; S fills the GPU when B * Hkv * C cannot.
-template <typename Element, int kHeadDim, int kMTiles>
+template <typename Element, int kHeadDim, int kMTiles, bool kCapOrWindow>
 void launch_paged_attention(PagedAttentionParams& p, const AttentionSizes& s, const at::Tensor& query,
                             at::Tensor& out, at::Tensor& lse, bool return_lse) {
   constexpr int kRows = 16 * kMTiles;
-  const int64_t resident = prepare_variant<Element, kHeadDim, kMTiles>(query.get_device());
+  const int64_t resident = prepare_variant<Element, kHeadDim, kMTiles, kCapOrWindow>(query.get_device());
   const int64_t rows_per_chunk = kRows / p.group;
   const int64_t mean_q_len = (s.num_query_tokens + s.batch - 1) / s.batch;
   const int64_t chunk_programs = std::max<int64_t>(1, (mean_q_len + rows_per_chunk - 1) / rows_per_chunk);
@@ -206,7 +215,7 @@ void launch_paged_attention(PagedAttentionParams& p, const AttentionSizes& s, co
     p.partial_lse = partial_lse.data_ptr<float>();
   }
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  paged_attention_kernel<Element, kHeadDim, kMTiles>
+  paged_attention_kernel<Element, kHeadDim, kMTiles, kCapOrWindow>
       <<<static_cast<unsigned>(programs), kAttentionThreads, AttentionSmem<kHeadDim, kMTiles>::kBytes, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (splits > 1) {
@@ -221,21 +230,30 @@ void launch_paged_attention(PagedAttentionParams& p, const AttentionSizes& s, co
 
 // Tile rows (16 x kMTiles) for the mean query run of the batch: enough for q_len x group
 // rows in one chunk, within 128 float32 accumulators per thread (kMTiles x D <= 256).
-template <typename Element>
+template <typename Element, bool kCapOrWindow>
 void dispatch_head_dim(PagedAttentionParams& p, const AttentionSizes& s, const at::Tensor& query, at::Tensor& out,
                        at::Tensor& lse, bool return_lse) {
   const int64_t rows = (s.num_query_tokens + s.batch - 1) / s.batch * p.group;
   switch (s.head_dim) {
     case 64:
-      if (rows <= 16) return launch_paged_attention<Element, 64, 1>(p, s, query, out, lse, return_lse);
-      if (rows <= 32) return launch_paged_attention<Element, 64, 2>(p, s, query, out, lse, return_lse);
-      return launch_paged_attention<Element, 64, 4>(p, s, query, out, lse, return_lse);
+      if (rows <= 16) return launch_paged_attention<Element, 64, 1, kCapOrWindow>(p, s, query, out, lse, return_lse);
+      if (rows <= 32) return launch_paged_attention<Element, 64, 2, kCapOrWindow>(p, s, query, out, lse, return_lse);
+      return launch_paged_attention<Element, 64, 4, kCapOrWindow>(p, s, query, out, lse, return_lse);
     case 128:
-      if (rows <= 16) return launch_paged_attention<Element, 128, 1>(p, s, query, out, lse, return_lse);
-      return launch_paged_attention<Element, 128, 2>(p, s, query, out, lse, return_lse);
+      if (rows <= 16) return launch_paged_attention<Element, 128, 1, kCapOrWindow>(p, s, query, out, lse, return_lse);
+      return launch_paged_attention<Element, 128, 2, kCapOrWindow>(p, s, query, out, lse, return_lse);
     default:
-      return launch_paged_attention<Element, 256, 1>(p, s, query, out, lse, return_lse);
+      return launch_paged_attention<Element, 256, 1, kCapOrWindow>(p, s, query, out, lse, return_lse);
   }
+}
+
+template <typename Element>
+void dispatch_features(PagedAttentionParams& p, const AttentionSizes& s, const at::Tensor& query, at::Tensor& out,
+                       at::Tensor& lse, bool return_lse) {
+  if (p.soft_cap > 0.f || p.sliding_window > 0) {
+    return dispatch_head_dim<Element, true>(p, s, query, out, lse, return_lse);
+  }
+  return dispatch_head_dim<Element, false>(p, s, query, out, lse, return_lse);
 }
 
 std::tuple<at::Tensor, at::Tensor> paged_attention_cuda(
@@ -280,12 +298,13 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cuda(
   p.group = static_cast<int>(s.num_heads / s.num_kv_heads);
   p.num_blocks = static_cast<int>(s.num_blocks);
   p.block_size = static_cast<int>(s.block_size);
+  p.block_shift = s.block_size > 0 && (s.block_size & (s.block_size - 1)) == 0 ? __builtin_ctzll(s.block_size) : -1;
   p.max_blocks = static_cast<int>(s.max_blocks);
   p.batch = static_cast<int>(s.batch);
   if (query.scalar_type() == at::kHalf) {
-    dispatch_head_dim<HalfElement>(p, s, query, out, lse, return_lse);
+    dispatch_features<HalfElement>(p, s, query, out, lse, return_lse);
   } else {
-    dispatch_head_dim<Bf16Element>(p, s, query, out, lse, return_lse);
+    dispatch_features<Bf16Element>(p, s, query, out, lse, return_lse);
   }
   return {out, lse};
 }

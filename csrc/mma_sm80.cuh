@@ -76,8 +76,23 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// 32 bits (two adjacent 16-bit elements) from shared memory; p must be 4-byte aligned.
-__device__ __forceinline__ uint32_t load_pair(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// Four 8x8 matrices of 16-bit elements from shared memory, one per register: lanes 8i to
+// 8i + 7 give the addresses of matrix i's rows (16 bytes each, 16-byte aligned), and lane
+// 4g + t receives row g, columns 2t and 2t + 1 of each matrix (with `kTranspose`, of its
+// transpose: rows 2t and 2t + 1 of column g), the fragment layouts above.
+template <bool kTranspose>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  if constexpr (kTranspose) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  }
+}
 
 // Two 16-bit elements from different rows, `lo` in the low half.
 __device__ __forceinline__ uint32_t pack_pair(uint16_t lo, uint16_t hi) {

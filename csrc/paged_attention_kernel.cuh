@@ -41,6 +41,7 @@ struct PagedAttentionParams {
   int group;                    // Hq / Hkv, <= kRows
   int num_blocks;               // blocks in each cache
   int block_size;               // tokens per block
+  int block_shift;              // log2(block_size) when a power of two, else -1
   int max_blocks;               // columns of block_table
   int batch;                    // B
   int num_chunk_programs;       // C
@@ -49,13 +50,16 @@ struct PagedAttentionParams {
 
 constexpr int kAttentionWarps = 4;
 constexpr int kAttentionThreads = 32 * kAttentionWarps;
-constexpr int kTileKeys = 16 * kAttentionWarps;  // 16 keys per warp
-constexpr int kAttentionStages = 2;
+constexpr int kWarpKeys = 16;                          // keys a warp owns in each tile
+constexpr int kTileKeys = kWarpKeys * kAttentionWarps;
+constexpr int kAttentionStages = 3;                    // tiles in shared memory per program
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Shared-memory layout of one program (bytes). 16-bit rows are padded by 8 elements (16
-// bytes) and float rows by 8 floats so the fragment loads and stores hit distinct banks.
+// bytes) and float rows by 8 floats, so the 8 rows an ldmatrix reads (or the fragment
+// stores of the merge) hit distinct banks. The merge's float rows reuse the key stages,
+// which are idle by then.
 template <int kHeadDim, int kMTiles>
 struct AttentionSmem {
   static constexpr int kRows = 16 * kMTiles;
@@ -66,24 +70,36 @@ struct AttentionSmem {
   static constexpr int kQuery = 0;
   static constexpr int kKeys = kQuery + kQueryBytes;
   static constexpr int kValues = kKeys + kAttentionStages * kTileBytes;
-  static constexpr int kOut = kValues + kAttentionStages * kTileBytes;
-  static constexpr int kWarpMax = kOut + kRows * kOutStride * 4;      // [warps, rows] float
+  static constexpr int kOut = kKeys;                                   // after the last tile
+  static constexpr int kWarpMax = kValues + kAttentionStages * kTileBytes;  // [warps, rows] float
   static constexpr int kWarpSum = kWarpMax + kAttentionWarps * kRows * 4;
   static constexpr int kRowMax = kWarpSum + kAttentionWarps * kRows * 4;  // [rows] float
   static constexpr int kRowSum = kRowMax + kRows * 4;
-  static constexpr int kKeyOk = kRowSum + kRows * 4;                   // [stages, keys] int
-  static constexpr int kBytes = kKeyOk + kAttentionStages * kTileKeys * 4;
-  static_assert(kKeys % 16 == 0 && kValues % 16 == 0 && kOut % 16 == 0, "16-byte aligned regions");
+  static constexpr int kBytes = kRowSum + kRows * 4;
+  static_assert(kKeys % 16 == 0 && kValues % 16 == 0 && (kStride * 2) % 16 == 0, "16-byte aligned rows");
+  static_assert(kRows * kOutStride * 4 <= 2 * kAttentionStages * kTileBytes, "merge rows fit in the stages");
 };
 
-template <typename Element, int kHeadDim, int kMTiles>
+// Query fragments held in registers for the whole chunk when they are few (a decode or
+// verify tile at head dim <= 128); otherwise read from shared memory at every tile.
+template <int kHeadDim, int kMTiles>
+constexpr bool kQueryInRegisters = kMTiles * kHeadDim <= 128;
+
+// kCapOrWindow: compiled with the logit soft-cap and the sliding window (either may still be
+// off at run time); without, every element's mask and scale skip both.
+template <typename Element, int kHeadDim, int kMTiles, bool kCapOrWindow>
 __global__ void __launch_bounds__(kAttentionThreads)
     paged_attention_kernel(const PagedAttentionParams p) {
   using Smem = AttentionSmem<kHeadDim, kMTiles>;
   constexpr int kRows = Smem::kRows;
   constexpr int kStride = Smem::kStride;
-  constexpr int kVecPerRow = kHeadDim / 8;  // 16-byte vectors per row
-  constexpr int kNTiles = kHeadDim / 8;     // n8 tiles of the output
+  constexpr int kVecPerRow = kHeadDim / 8;            // 16-byte vectors per row
+  constexpr int kNTiles = kHeadDim / 8;               // n8 tiles of the output
+  constexpr int kKSteps = kHeadDim / 16;              // k16 steps of Q K^T
+  constexpr int kKeysPerCopy = 32 / kVecPerRow;       // keys one warp-wide copy covers
+  constexpr int kCopies = kWarpKeys / kKeysPerCopy;   // warp-wide copies per tile (K and V)
+  constexpr bool kQueryRegs = kQueryInRegisters<kHeadDim, kMTiles>;
+  static_assert(kVecPerRow <= 32 && kWarpKeys % kKeysPerCopy == 0, "a copy covers whole key rows");
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* q_smem = reinterpret_cast<uint16_t*>(smem + Smem::kQuery);
   uint16_t* k_smem = reinterpret_cast<uint16_t*>(smem + Smem::kKeys);
@@ -93,7 +109,6 @@ __global__ void __launch_bounds__(kAttentionThreads)
   float* warp_sum = reinterpret_cast<float*>(smem + Smem::kWarpSum);
   float* row_max = reinterpret_cast<float*>(smem + Smem::kRowMax);
   float* row_sum = reinterpret_cast<float*>(smem + Smem::kRowSum);
-  int* key_ok = reinterpret_cast<int*>(smem + Smem::kKeyOk);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   int64_t program = blockIdx.x;
@@ -113,6 +128,15 @@ __global__ void __launch_bounds__(kAttentionThreads)
   const int num_chunks = (q_len + rows_per_chunk - 1) / rows_per_chunk;
   const int32_t* table_row = p.block_table + static_cast<int64_t>(b) * p.max_blocks;
   const int64_t head_stride = static_cast<int64_t>(p.num_kv_heads) * kHeadDim;  // one token slot
+
+  // ldmatrix row addresses: lane 8i + r gives row r of matrix i.
+  const int mat = lane / 8, mat_row = lane % 8;
+  // K as B of S = Q K^T, per k16 step: matrices (keys 0-7 | 8-15) x (dims 0-7 | 8-15).
+  const int k_lane_offset = ((mat / 2) * 8 + mat_row) * kStride + (mat % 2) * 8;
+  // V as B of O += P V (transposed), per pair of n8 tiles: (keys 0-7 | 8-15) x (n | n + 1).
+  const int v_lane_offset = ((mat % 2) * 8 + mat_row) * kStride + (mat / 2) * 8;
+  // Q as A, per (m16 tile, k16 step): (rows 0-7 | 8-15) x (dims 0-7 | 8-15).
+  const int q_lane_offset = ((mat % 2) * 8 + mat_row) * kStride + (mat / 2) * 8;
 
   for (int chunk = chunk_program; chunk < num_chunks; chunk += p.num_chunk_programs) {
     const int first_row = chunk * rows_per_chunk;                       // j0
@@ -154,26 +178,38 @@ __global__ void __launch_bounds__(kAttentionThreads)
     const int tile_begin = min(num_tiles, split * tiles_per_split);
     const int tile_end = min(num_tiles, tile_begin + tiles_per_split);
 
-    // Loads tile `tile` (keys tile_origin + tile * kTileKeys ...) into stage `stage`.
-    auto load_tile = [&](int tile, int stage) {
-      const int key0 = tile_origin + tile * kTileKeys;
-      uint16_t* k_dst = k_smem + stage * kTileKeys * kStride;
-      uint16_t* v_dst = v_smem + stage * kTileKeys * kStride;
-      for (int i = tid; i < kTileKeys * kVecPerRow; i += kAttentionThreads) {
-        const int key = i / kVecPerRow, vec = i % kVecPerRow;
-        const int pos = key0 + key;
-        int block = -1;
-        if (pos < seq_len) {  // pos / block_size < max_blocks since seq_len is clamped
-          block = table_row[pos / p.block_size];
-          if (block >= p.num_blocks) block = -1;
-        }
-        const bool ok = block >= 0;
-        const int64_t slot = ok ? static_cast<int64_t>(block) * p.block_size + pos % p.block_size : 0;
-        const int64_t offset = slot * head_stride + static_cast<int64_t>(h) * kHeadDim + vec * 8;
-        cp_async_16(k_dst + key * kStride + vec * 8, p.key_cache + offset, ok);
-        cp_async_16(v_dst + key * kStride + vec * 8, p.value_cache + offset, ok);
-        if (vec == 0) key_ok[stage * kTileKeys + key] = ok;
+    // Each warp copies, and alone reads, its own 16 keys of every tile (K and V rows), so
+    // the tiles flow through each warp's pipeline without block-wide barriers. Lane l < 16
+    // looks up key l's cache slot (-1: past the sequence or a block outside the cache,
+    // zero-filled and masked) one step before the tile's copies are issued, so the table
+    // read's latency hides behind a step of work.
+    auto lookup_slot = [&](int tile) -> int {
+      const int pos = tile_origin + tile * kTileKeys + kWarpKeys * warp + lane;
+      int slot = -1;
+      if (lane < kWarpKeys && tile < tile_end && pos < seq_len) {  // pos / block_size < max_blocks
+        const int block_index = p.block_shift >= 0 ? pos >> p.block_shift : pos / p.block_size;
+        const int block = table_row[block_index];
+        if (block >= 0 && block < p.num_blocks) slot = block * p.block_size + (pos - block_index * p.block_size);
       }
+      return slot;
+    };
+    // Issues the copies of the tile whose slots lane l < 16 holds into `stage`; the copies
+    // take each key's offset by shuffles. Returns the tile's 16-bit mask of readable keys.
+    auto load_tile = [&](int slot, int stage) -> uint32_t {
+      const uint32_t ok_mask = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
+      const int64_t offset = static_cast<int64_t>(max(slot, 0)) * head_stride + static_cast<int64_t>(h) * kHeadDim;
+      const uint32_t offset_lo = static_cast<uint32_t>(offset), offset_hi = static_cast<uint32_t>(offset >> 32);
+      const int row0 = stage * kTileKeys + kWarpKeys * warp, vec = lane % kVecPerRow;
+#pragma unroll
+      for (int c = 0; c < kCopies; ++c) {
+        const int key = c * kKeysPerCopy + lane / kVecPerRow;
+        const uint64_t key_offset = (static_cast<uint64_t>(__shfl_sync(0xffffffffu, offset_hi, key)) << 32 |
+                                     __shfl_sync(0xffffffffu, offset_lo, key)) + vec * 8;
+        const bool ok = (ok_mask >> key) & 1u;
+        cp_async_16(k_smem + (row0 + key) * kStride + vec * 8, p.key_cache + key_offset, ok);
+        cp_async_16(v_smem + (row0 + key) * kStride + vec * 8, p.value_cache + key_offset, ok);
+      }
+      return ok_mask;
     };
 
     float acc[kMTiles][kNTiles][4];
@@ -189,46 +225,89 @@ __global__ void __launch_bounds__(kAttentionThreads)
       for (int n = 0; n < kNTiles; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
     }
 
-    if (tile_begin < tile_end) {
-      load_tile(tile_begin, 0);
+    // The first kAttentionStages - 1 tiles in flight; ok_ring keeps the 16-bit masks of
+    // the tiles in flight, the oldest in the low bits.
+    uint64_t ok_ring = 0;
+    int next_slot = lookup_slot(tile_begin);  // the slots of the next tile to copy
+#pragma unroll
+    for (int s = 0; s < kAttentionStages - 1; ++s) {
+      if (tile_begin + s < tile_end) {
+        ok_ring |= static_cast<uint64_t>(load_tile(next_slot, s)) << (16 * s);
+        next_slot = lookup_slot(tile_begin + s + 1);
+      }
       cp_async_commit();
     }
-    for (int tile = tile_begin; tile < tile_end; ++tile) {
-      const int stage = (tile - tile_begin) % kAttentionStages;
-      if (tile + 1 < tile_end) load_tile(tile + 1, stage ^ 1);  // stage ^ 1 was freed last iteration
-      cp_async_commit();
-      cp_async_wait<1>();  // this thread's copies of `tile` have landed
-      __syncthreads();     // ... and everyone's, the query tile too
+    __syncthreads();  // the query tile is in shared memory
+    uint32_t q_frag[kQueryRegs ? kMTiles : 1][kQueryRegs ? kKSteps : 1][4];
+    if constexpr (kQueryRegs) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          ldmatrix_x4<false>(q_frag[mt][kk], q_smem + 16 * mt * kStride + 16 * kk + q_lane_offset);
+        }
+    }
 
-      // S = Q K^T for this warp's 16 keys: s[mt][nt] covers keys 8 nt .. 8 nt + 7.
-      const uint16_t* k_warp = k_smem + (stage * kTileKeys + 16 * warp) * kStride;
-      float s[kMTiles][2][4];
+    for (int tile = tile_begin; tile < tile_end; ++tile) {
+      const int step = tile - tile_begin;
+      const int stage = step % kAttentionStages;
+      const int ahead = tile + kAttentionStages - 1;
+      if (ahead < tile_end) {  // into the stage the warp finished with last step
+        ok_ring |= static_cast<uint64_t>(load_tile(next_slot, (step + kAttentionStages - 1) % kAttentionStages))
+                   << (16 * (kAttentionStages - 1));
+        next_slot = lookup_slot(ahead + 1);
+      }
+      cp_async_commit();
+      cp_async_wait<kAttentionStages - 1>();  // this thread's copies of `tile` have landed
+      __syncwarp();                           // ... and the whole warp's
+      const uint32_t key_ok = static_cast<uint32_t>(ok_ring) & 0xffffu;
+      ok_ring >>= 16;
+
+      // S = Q K^T for this warp's 16 keys: s[mt][nt] covers keys 8 nt .. 8 nt + 7, summed
+      // over the head dim in two independent chains (even and odd k16 steps) at one m16
+      // tile, where the chain's latency would otherwise set the pace.
+      constexpr int kChains = kMTiles == 1 ? 2 : 1;
+      const uint16_t* k_warp = k_smem + (stage * kTileKeys + kWarpKeys * warp) * kStride;
+      float s[kMTiles][2][4], s_odd[kChains == 2 ? 2 : 1][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        uint32_t kb[2][2];
+      for (int nt = 0; nt < (kChains == 2 ? 2 : 1); ++nt) {
+        s_odd[nt][0] = s_odd[nt][1] = s_odd[nt][2] = s_odd[nt][3] = 0.f;
+      }
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const uint16_t* key_row = k_warp + (8 * nt + g) * kStride + 16 * kk + 2 * t;
-          kb[nt][0] = load_pair(key_row);
-          kb[nt][1] = load_pair(key_row + 8);
-        }
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t kb[4];  // {keys 0-7: dims 0-7, 8-15}, {keys 8-15: dims 0-7, 8-15}
+        ldmatrix_x4<false>(kb, k_warp + 16 * kk + k_lane_offset);
+        const uint32_t kb0[2] = {kb[0], kb[1]}, kb1[2] = {kb[2], kb[3]};
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          const uint16_t* q_row = q_smem + (16 * mt + g) * kStride + 16 * kk + 2 * t;
-          const uint32_t qa[4] = {load_pair(q_row), load_pair(q_row + 8 * kStride), load_pair(q_row + 8),
-                                  load_pair(q_row + 8 * kStride + 8)};
-          mma_m16n8k16<Element>(s[mt][0], qa, kb[0]);
-          mma_m16n8k16<Element>(s[mt][1], qa, kb[1]);
+          uint32_t qa[4];
+          if constexpr (kQueryRegs) {
+            qa[0] = q_frag[mt][kk][0], qa[1] = q_frag[mt][kk][1], qa[2] = q_frag[mt][kk][2], qa[3] = q_frag[mt][kk][3];
+          } else {
+            ldmatrix_x4<false>(qa, q_smem + 16 * mt * kStride + 16 * kk + q_lane_offset);
+          }
+          if (kChains == 2 && kk % 2 == 1) {
+            mma_m16n8k16<Element>(s_odd[0], qa, kb0);
+            mma_m16n8k16<Element>(s_odd[kChains - 1], qa, kb1);
+          } else {
+            mma_m16n8k16<Element>(s[mt][0], qa, kb0);
+            mma_m16n8k16<Element>(s[mt][1], qa, kb1);
+          }
         }
+      }
+      if constexpr (kChains == 2) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[0][nt][e] += s_odd[nt][e];
       }
 
       // Mask, scale (and cap) to base-2 logits, then the online softmax per row.
-      const int key0 = tile_origin + tile * kTileKeys + 16 * warp;
-      const int* ok_warp = key_ok + stage * kTileKeys + 16 * warp;
+      const int key0 = tile_origin + tile * kTileKeys + kWarpKeys * warp;
       uint32_t pa[kMTiles][4];  // probabilities as A fragments over this warp's 16 keys
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
@@ -242,10 +321,12 @@ __global__ void __launch_bounds__(kAttentionThreads)
               const int key = 8 * nt + 2 * t + e;
               const int pos = key0 + key;
               const int me = position[mt][hr];
-              bool visible = row_valid[mt][hr] && ok_warp[key] != 0 && pos <= me;
-              if (p.sliding_window > 0) visible = visible && pos > me - p.sliding_window;
+              bool visible = row_valid[mt][hr] && ((key_ok >> key) & 1u) != 0 && pos <= me;
               float x = s[mt][nt][2 * hr + e] * p.scale;
-              if (p.soft_cap > 0.f) x = p.soft_cap * tanhf(x / p.soft_cap);
+              if constexpr (kCapOrWindow) {
+                if (p.sliding_window > 0) visible = visible && pos > me - p.sliding_window;
+                if (p.soft_cap > 0.f) x = p.soft_cap * tanhf(x / p.soft_cap);
+              }
               x = visible ? x * kLog2e : -INFINITY;
               s[mt][nt][2 * hr + e] = x;
               tile_max = fmaxf(tile_max, x);
@@ -266,27 +347,34 @@ __global__ void __launch_bounds__(kAttentionThreads)
             pa[mt][2 * nt + hr] = Element::pack(p0, p1);  // a[0]/a[1]: keys 2t; a[2]/a[3]: keys 8 + 2t
           }
           run_sum[mt][hr] = run_sum[mt][hr] * alpha + tile_sum;
+          // Once the row maxima settle, alpha is 1 on every lane: skip the rescale.
+          if (__any_sync(0xffffffffu, alpha != 1.f)) {
 #pragma unroll
-          for (int n = 0; n < kNTiles; ++n) {
-            acc[mt][n][2 * hr] *= alpha;
-            acc[mt][n][2 * hr + 1] *= alpha;
+            for (int n = 0; n < kNTiles; ++n) {
+              acc[mt][n][2 * hr] *= alpha;
+              acc[mt][n][2 * hr + 1] *= alpha;
+            }
           }
         }
       }
 
-      // O += P V: B fragment (k = key 2t, 2t + 1 | 2t + 8, 2t + 9; n = head dim 8 n + g).
-      const uint16_t* v_warp = v_smem + (stage * kTileKeys + 16 * warp) * kStride;
+      // O += P V, two n8 tiles of the head dim per transposed ldmatrix.
+      const uint16_t* v_warp = v_smem + (stage * kTileKeys + kWarpKeys * warp) * kStride;
 #pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
-        const int d = 8 * n + g;
-        const uint32_t vb[2] = {pack_pair(v_warp[(2 * t) * kStride + d], v_warp[(2 * t + 1) * kStride + d]),
-                                pack_pair(v_warp[(2 * t + 8) * kStride + d], v_warp[(2 * t + 9) * kStride + d])};
+      for (int n = 0; n < kNTiles; n += 2) {
+        uint32_t vb[4];  // {tile n: keys 0-7, 8-15}, {tile n + 1: keys 0-7, 8-15}
+        ldmatrix_x4<true>(vb, v_warp + 8 * n + v_lane_offset);
+        const uint32_t vb0[2] = {vb[0], vb[1]}, vb1[2] = {vb[2], vb[3]};
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) mma_m16n8k16<Element>(acc[mt][n], pa[mt], vb);
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_m16n8k16<Element>(acc[mt][n], pa[mt], vb0);
+          mma_m16n8k16<Element>(acc[mt][n + 1], pa[mt], vb1);
+        }
       }
-      __syncthreads();  // every warp is done with `stage` before it is loaded again
+      __syncwarp();  // the warp is done with `stage` before its next copy into it
     }
     cp_async_wait<0>();
+    __syncthreads();  // every copy has landed and every warp left the stages (o_smem reuses them)
 
     // Merge the four warps: publish each warp's row max and sum, then rescale and add.
 #pragma unroll
