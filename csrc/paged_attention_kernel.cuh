@@ -143,18 +143,6 @@ __global__ void __launch_bounds__(kAttentionThreads)
     const int last_row = min(q_len, first_row + rows_per_chunk) - 1;   // j1 - 1
     __syncthreads();  // the previous chunk is done with every shared buffer
 
-    // Query tile: row r = (query row first_row + r / group, head h * group + r % group).
-    for (int i = tid; i < kRows * kVecPerRow; i += kAttentionThreads) {
-      const int r = i / kVecPerRow, vec = i % kVecPerRow;
-      const int j = first_row + r / p.group;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (r / p.group < rows_per_chunk && j <= last_row) {
-        const int64_t row = static_cast<int64_t>(start + j) * p.num_heads + h * p.group + r % p.group;
-        v = *reinterpret_cast<const uint4*>(p.query + row * kHeadDim + vec * 8);
-      }
-      *reinterpret_cast<uint4*>(q_smem + r * kStride + vec * 8) = v;
-    }
-
     // This thread's rows (r = 16 mt + g + 8 hr) and their positions in the sequence.
     int position[kMTiles][2];
     bool row_valid[kMTiles][2];
@@ -236,6 +224,18 @@ __global__ void __launch_bounds__(kAttentionThreads)
         next_slot = lookup_slot(tile_begin + s + 1);
       }
       cp_async_commit();
+    }
+    // The query tile, read while the first tiles' copies are in flight: row r = (query row
+    // first_row + r / group, head h * group + r % group).
+    for (int i = tid; i < kRows * kVecPerRow; i += kAttentionThreads) {
+      const int r = i / kVecPerRow, vec = i % kVecPerRow;
+      const int j = first_row + r / p.group;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r / p.group < rows_per_chunk && j <= last_row) {
+        const int64_t row = static_cast<int64_t>(start + j) * p.num_heads + h * p.group + r % p.group;
+        v = *reinterpret_cast<const uint4*>(p.query + row * kHeadDim + vec * 8);
+      }
+      *reinterpret_cast<uint4*>(q_smem + r * kStride + vec * 8) = v;
     }
     __syncthreads();  // the query tile is in shared memory
     uint32_t q_frag[kQueryRegs ? kMTiles : 1][kQueryRegs ? kKSteps : 1][4];

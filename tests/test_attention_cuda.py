@@ -99,6 +99,8 @@ SPLIT_AND_CHUNK_CASES = [
     ("more-splits-than-tiles", [10, 3], [3, 1], 8, 8, 128, 16, 0, 0.0, 200),
     ("window-cap-splits", [4000, 100], [5, 1], 32, 8, 128, 16, 300, 30.0, 0),
     ("window-one", [1000], [5], 8, 2, 64, 32, 1, 0.0, 0),
+    ("block-size-24", [700, 50, 3], [5, 1, 2], 8, 2, 128, 24, 0, 0.0, 0),  # blocks by division, not shift
+    ("block-size-48-window", [1500], [5], 32, 8, 128, 48, 100, 0.0, 0),
 ]
 
 
