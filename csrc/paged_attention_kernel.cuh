@@ -5,12 +5,14 @@
 // Grid: one program per (sequence b, KV head h, chunk program c, KV split s), flattened.
 // A program walks the row chunks c, c + C, c + 2C, ... of sequence b (a chunk = kRows tile
 // rows = R query rows x group heads, R = kRows / group), and for each chunk the key tiles of
-// split s of the chunk's visible key range, kTileKeys keys per tile, double-buffered in
-// shared memory by cp.async (zero-filled where a key is missing). Four warps share a tile,
-// each taking 16 of its keys for every row (S = Q K^T and O += P V with mma.m16n8k16,
-// online softmax in base 2), and merge their partial results through shared memory at the
-// end of the chunk. With one split the program writes out (and lse); with several it writes
-// a float32 partial output and its natural-log LSE, merged by merge_splits_kernel.
+// split s of the chunk's visible key range, kTileKeys = 64 keys per tile. Each of the four
+// warps owns 16 keys of every tile: it copies their K and V rows into its own slice of
+// kAttentionStages shared-memory stages by cp.async (zero-filled where a key is missing),
+// and alone reads them (S = Q K^T and O += P V with mma.m16n8k16 on ldmatrix fragments,
+// online softmax in base 2), so a tile needs no block barrier. The warps merge their
+// partial results through shared memory at the end of the chunk. With one split the
+// program writes out (and lse); with several it writes a float32 partial output and its
+// natural-log LSE, merged by merge_splits_kernel.
 //
 // Bytes: the visible keys' K and V rows of head h once per chunk (once for decode and
 // verify whenever q_len * group <= kRows), the query rows in, the output rows out.
