@@ -422,9 +422,8 @@ def paged_attention(
     (float16/bfloat16, head dims 64/128/256, GQA groups up to 16, see
     ``cuda_paged_attention_covers``; ``backend="cuda"`` outside that coverage raises an
     error naming the argument), the C++ CPU kernel and the reference. The CUDA kernel is
-    not the default: it measured slower than the Triton kernel at every benchmark shape
-    but one (1.07-1.27x its time at B >= 16 on the H200; faster at B=32, L=16384 decode;
-    bench/NOTES.md).
+    not the default: it measured slower than the Triton kernel at the benchmark shapes
+    (1.01-1.14x its time at B >= 16 on the H100, bench/NOTES.md).
     """
     device = query.device
     chosen = resolve(backend, device, op="paged_attention", missing=NO_CUDA_KERNEL if backend is None else ())
