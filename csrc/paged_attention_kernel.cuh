@@ -102,6 +102,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
   constexpr int kCopies = kWarpKeys / kKeysPerCopy;   // warp-wide copies per tile (K and V)
   constexpr bool kQueryRegs = kQueryInRegisters<kHeadDim, kMTiles>;
   static_assert(kVecPerRow <= 32 && kWarpKeys % kKeysPerCopy == 0, "a copy covers whole key rows");
+  static_assert(16 * kAttentionStages <= 64, "ok_ring holds a 16-bit mask per stage");
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* q_smem = reinterpret_cast<uint16_t*>(smem + Smem::kQuery);
   uint16_t* k_smem = reinterpret_cast<uint16_t*>(smem + Smem::kKeys);

@@ -46,8 +46,8 @@ template <typename scalar_t>
 __device__ void row_stats_slot(
     cg::cluster_group& cluster, ClusterReducer<kWarps>& reducer, ClusterRadix<kThreads>& radix, float* row_slice,
     const scalar_t* target, const scalar_t* bonus, TokenIds draft, const int32_t* cu, const float* temperature,
-    const int32_t* top_k, const float* top_p, RowStats* stats, int64_t* block_masses, int64_t num_tokens, int64_t vocab, int64_t width,
-    int64_t slice, bool greedy_needs_probs, int64_t slot, int64_t next_slot) {
+    const int32_t* top_k, const float* top_p, RowStats* stats, int64_t* block_masses, int64_t num_tokens,
+    int64_t vocab, int64_t width, int64_t slice, bool greedy_needs_probs, int64_t slot, int64_t next_slot) {
   const int64_t rank = cluster.block_rank();
   const int64_t b = slot / width, i = slot % width;
   const DraftRange r = draft_range(cu, b, num_tokens, width - 1);

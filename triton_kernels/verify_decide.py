@@ -31,10 +31,10 @@ from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token, propose_resid
 # random: the acceptance test u q(x) < p(x) (u from Philox, p(x) from one logit and the
 # row's max and normalisers), stop at the first rejection or the bonus step, where a random
 # request draws its token (verify_sample.draw_token) from the normaliser's block sums; at a
-# rejection with draft probs it tries the residual proposals (verify_sample.propose_residual),
-# and when none is kept leaves the row's parameters in sample_float/sample_int for the residual pass.
-# Bytes: one logit (and one draft prob) per step, the partials of the slots walked, and the
-# block sums of each random step walked.
+# rejection with draft probs it tries the residual proposals
+# (verify_sample.propose_residual), and when none is kept leaves the row's parameters in
+# sample_float/sample_int for the residual pass. Bytes: one logit (and one draft prob) per
+# step, the partials of the slots walked, and the block sums of each random step walked.
 @triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "num_splits", "sum_splits"])
 def decide_kernel(
     out_ptr,  # [batch, width] int32

@@ -124,12 +124,11 @@ def row_max_kernel(
 # Grid (step_programs * batch * sum_splits,), split fastest, then request, then j: program
 # (j, b, s) takes the j-th, (j + step_programs)-th, ... of the steps the screen marked in
 # request b (marked[b] = (first step, number of steps); without MARKED every reachable
-# step, no screen having run) and adds floor(w_v 2^40) over split
-# s of its row (int64, exact), w = exp((z - max) / T) after top-k (SECOND: also top-p,
-# p = w / z1 >= p_min). Greedy slots sum at T = 1 (log-probabilities). The launcher gives
-# step_programs = 1 when usually one step a request is marked (no idle programs), the width
-# when every step is. Bytes: the marked rows once per launch (usually the one row per
-# request that samples).
+# step, no screen having run) and adds floor(w_v 2^40) over split s of its row (int64,
+# exact), w = exp((z - max) / T) after top-k (SECOND: also top-p, p = w / z1 >= p_min).
+# Greedy slots sum at T = 1 (log-probabilities). The launcher gives step_programs = 1 when
+# usually one step a request is marked (no idle programs), the width when every step is.
+# Bytes: the marked rows once per launch (usually the one row per request that samples).
 @triton.jit(do_not_specialize=["num_tokens", "width", "row_splits", "batch"])
 def fixed_sum_kernel(
     part_sum_ptr,  # [batch * width, sum_splits] int64, written
