@@ -461,6 +461,11 @@ __global__ void __launch_bounds__(kAttentionThreads)
       }
     }
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // This program's rows are stored: the merge (a programmatic dependent launch with several
+  // splits; otherwise a no-op) may be placed; it still waits for the whole grid to end.
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
 }
 
 }  // namespace specops
