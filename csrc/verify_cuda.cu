@@ -145,21 +145,34 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
   const RowStats* row_stats = stats + b * width;
   const int64_t seed = seeds[b], position = positions[b];
 
-  // Every CTA walks the acceptance tests (a few loads per draft) to find the row to sample.
-  if (threadIdx.x == 0) {
-    int64_t i = 0;
-    for (; i < r.count; ++i) {
-      const int64_t x = draft[r.start + i];
-      if (greedy) {
-        if (x != row_stats[i].argmax) break;
-        continue;
+  // Every CTA finds the row to sample: the first draft whose acceptance test fails (the
+  // bonus row when none does). Warp 0 tests 32 drafts at a time, a lane each, so every
+  // draft's loads are in flight at once (one thread walking them in turn waited on two
+  // loads a draft); a ballot picks the first failure.
+  if (threadIdx.x < 32) {
+    int64_t chosen = r.count;
+    for (int64_t first = 0; first < r.count; first += 32) {
+      const int64_t i = first + threadIdx.x;
+      bool fails = false;
+      if (i < r.count) {
+        const int64_t x = draft[r.start + i];
+        if (greedy) {
+          fails = x != row_stats[i].argmax;
+        } else if (x < 0 || x >= vocab) {
+          fails = true;
+        } else {
+          const float q = draft_probs != nullptr ? draft_probs[(r.start + i) * vocab + x] : 1.f;
+          const float u = uniform_from_word(philox_block(seed, position + i, kPurposeAccept, 0).w[0]);
+          fails = !accepts(u, q, row_stats[i].p_token);
+        }
       }
-      if (x < 0 || x >= vocab) break;
-      const float q = draft_probs != nullptr ? draft_probs[(r.start + i) * vocab + x] : 1.f;
-      const float u = uniform_from_word(philox_block(seed, position + i, kPurposeAccept, 0).w[0]);
-      if (!accepts(u, q, row_stats[i].p_token)) break;
+      const unsigned failures = __ballot_sync(kFullMask, fails);
+      if (failures != 0) {  // the same in every lane
+        chosen = first + __ffs(failures) - 1;
+        break;
+      }
     }
-    chosen_shared = i;
+    if (threadIdx.x == 0) chosen_shared = chosen;
   }
   __syncthreads();
   const int64_t chosen = chosen_shared;  // first rejected row, or r.count for the bonus row
