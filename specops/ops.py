@@ -423,7 +423,8 @@ def paged_attention(
     ``cuda_paged_attention_covers``; ``backend="cuda"`` outside that coverage raises an
     error naming the argument), the C++ CPU kernel and the reference. The CUDA kernel is
     not the default: it measured slower than the Triton kernel at the benchmark shapes
-    (1.01-1.17x its time at B >= 16 and 1.34x at B=1 on the H100, bench/NOTES.md).
+    (1.01-1.17x its time at B >= 16 and 1.34-1.48x at B=1 in GPU time on the H100,
+    bench/NOTES.md).
     """
     device = query.device
     chosen = resolve(backend, device, op="paged_attention", missing=NO_CUDA_KERNEL if backend is None else ())
