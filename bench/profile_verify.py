@@ -60,21 +60,33 @@ def apply_settings(settings: list[str]) -> None:
         setattr(triton_verify, name, int(value))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="B:k:V:mode, comma-separated")
+def shape_parser(description: str, default_shapes: str, replays: int) -> argparse.ArgumentParser:
+    """The options of the per-shape verify tools: --shapes, --backend, --replays, --set."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--shapes", default=default_shapes, help="B:k:V:mode, comma-separated")
     parser.add_argument("--backend", default="triton")
-    parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--replays", type=int, default=replays)
     add_set_option(parser)
-    args = parser.parse_args()
+    return parser
+
+
+def verify_calls(args: argparse.Namespace):
+    """For each of --shapes: (B, k, V, mode) and a call of specops.verify on its inputs, after
+    --set. The inputs are seeded once, so every process draws the same: A/B runs compare
+    like with like."""
     apply_settings(args.set)
     device = torch.device("cuda")
-    torch.manual_seed(0)  # the same inputs in every process: A/B runs compare like with like
+    torch.manual_seed(0)
     for shape in args.shapes.split(","):
         B, k, V, mode = shape.split(":")
-        x = make_inputs(int(B), int(k), int(V), mode, device, for_flashinfer=False)
-        call = verify_args(x, device)
-        fn = lambda: specops.verify(*call, backend=args.backend, validate=False)  # noqa: E731
+        call = verify_args(make_inputs(int(B), int(k), int(V), mode, device, for_flashinfer=False), device)
+        yield (B, k, V, mode), lambda call=call: specops.verify(*call, backend=args.backend, validate=False)
+
+
+def main() -> None:
+    args = shape_parser(__doc__.splitlines()[0], DEFAULT_SHAPES, 50).parse_args()
+    device = torch.device("cuda")
+    for (B, k, V, mode), fn in verify_calls(args):
         times = kernel_times(fn, args.replays)
         print(f"B={B} k={k} V={V} {mode} ({args.backend}, {' '.join(args.set)}): graph replay "
               f"{graph_time_us(fn, device, 200):.1f} us (queued {graph_time_us(fn, device, 200, queued=True):.1f}), "

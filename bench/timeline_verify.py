@@ -9,16 +9,13 @@ quotes these timelines).
 
 from __future__ import annotations
 
-import argparse
 import collections
 import statistics
 
 import torch
 
-import specops
-from bench_sampling import make_inputs
-from bench_verify import graph_time_us, verify_args
-from profile_verify import add_set_option, apply_settings
+from bench_verify import graph_time_us
+from profile_verify import shape_parser, verify_calls
 
 DEFAULT_SHAPES = "16:4:128256:random,1:4:128256:random"
 
@@ -52,20 +49,9 @@ def replay_timeline(graph: torch.cuda.CUDAGraph, replays: int) -> tuple[list[tup
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="B:k:V:mode, comma-separated")
-    parser.add_argument("--backend", default="triton")
-    parser.add_argument("--replays", type=int, default=40)
-    add_set_option(parser)
-    args = parser.parse_args()
-    apply_settings(args.set)
+    args = shape_parser(__doc__.splitlines()[0], DEFAULT_SHAPES, 40).parse_args()
     device = torch.device("cuda")
-    torch.manual_seed(0)  # the same inputs in every process (profile_verify.py's)
-    for shape in args.shapes.split(","):
-        B, k, V, mode = shape.split(":")
-        x = make_inputs(int(B), int(k), int(V), mode, device, for_flashinfer=False)
-        call = verify_args(x, device)
-        fn = lambda: specops.verify(*call, backend=args.backend, validate=False)  # noqa: E731
+    for (B, k, V, mode), fn in verify_calls(args):
         fn()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
