@@ -50,21 +50,26 @@ inline int64_t resident_clusters(Kernel kernel, int threads, int cluster, size_t
   return cache[key] = count;
 }
 
+// `programmatic`: a programmatic dependent launch (sm_90), which may start before the
+// kernel ahead of it ends; the kernel waits for it (griddepcontrol.wait) before reading
+// what that one writes.
 template <typename Kernel, typename... Args>
 inline void launch_clusters(Kernel kernel, int64_t clusters, int cluster, int threads, size_t smem, cudaStream_t stream,
-                     Args... args) {
+                            bool programmatic, Args... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
+  cudaLaunchAttribute attribute[2];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
   attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
   attribute[0].val.clusterDim.y = 1;
   attribute[0].val.clusterDim.z = 1;
+  attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = 1;
+  config.numAttrs = programmatic ? 2 : 1;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 

@@ -38,6 +38,15 @@
 //    request's output row. Moves the chosen row (and its draft-probs row) once per random
 //    request, plus an eighth of one CTA's slice again; an accepted proposal moves instead
 //    the row's block masses and 16 blocks of 256 logits per CTA.
+//
+// The screened path (verify_screen.cuh), for tokens-only calls without top-k or top-p of
+// at least kScreenMinBatch requests: pass 1 is a plain grid (slots x splits) that streams
+// each row once for its max, first argmax and an approximate normaliser; pass 2, a
+// programmatic dependent launch in the same clusters, settles the acceptance tests from
+// those where they lie outside a 2^-9 band, and computes the exact statistics above (the
+// same row_stats_slot) only of the row it samples and of any row whose test it leaves
+// open, from that row's slices in its own shared memory; then samples as above. The
+// exact normaliser's repro exp then runs on about one row a request instead of all.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -51,6 +60,7 @@
 #include <cfloat>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -66,11 +76,12 @@
 #include "verify_math.cuh"
 #include "verify_row_stats.cuh"
 #include "verify_sample.cuh"
+#include "verify_screen.cuh"
 
 namespace specops {
 namespace {
 
-using namespace verify_device;  // verify_cuda_common.cuh, verify_row_stats.cuh, verify_sample.cuh
+using namespace verify_device;  // verify_cuda_common.cuh, verify_row_stats.cuh, verify_sample.cuh, verify_screen.cuh
 
 // ---------------------------------------------------------------------------------------
 // Pass 1: row statistics. Grid: persistent clusters of C CTAs x kThreads (as many as fit
@@ -111,9 +122,99 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
 // Pass 2: decisions and the sampled token (the sampling: verify_sample.cuh). Grid: B
 // clusters of C CTAs x kThreads. Moves a few bytes per draft, plus per random request its
 // chosen logits row (and draft-probs row) once and, from L2, an eighth of one CTA's slice
-// of them again.
+// of them again. kScreened (verify_screen.cuh): the steps' statistics come from pass 1's
+// partials, and the cluster computes the exact statistics of the rows it must (the row to
+// sample, and any row whose test the screen leaves open) from a slice of each in dynamic
+// shared memory.
 
+// The screened walk of one request: every CTA of the cluster runs it alike and returns the
+// row to sample (the first rejected draft, or the bonus row), whose exact statistics (and,
+// with draft probs, block masses) it has stored. Greedy rows need none: their argmax comes
+// from the partials (step_argmax, which the caller writes out).
 template <typename scalar_t>
+__device__ int64_t screened_choice(
+    cg::cluster_group& cluster, float* row_slice, const scalar_t* target, const scalar_t* bonus, TokenIds draft,
+    const float* draft_probs, const int32_t* cu, const float* temperature, RowStats* stats, int64_t* block_masses,
+    const float* part_max, const int64_t* part_arg, const float* part_approx, int64_t splits, int64_t b,
+    const DraftRange& r, int64_t seed, int64_t position, int64_t num_tokens, int64_t vocab, int64_t width,
+    int64_t slice, int64_t* step_argmax) {
+  __shared__ Slot warp_slots[kWarps], exchange[2], result;
+  __shared__ int64_t radix_bins[2][256], radix_totals[kWarps], radix_picked[2];
+  __shared__ float step_max[kMaxScreenSteps], step_approx[kMaxScreenSteps];
+  __shared__ int64_t stop_shared;
+  __shared__ bool unsettled_shared;
+  ClusterReducer<kWarps> reducer{warp_slots, exchange, &result, 0};
+  ClusterRadix<kThreads> radix{radix_bins, radix_totals, radix_picked, 0};
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float t = temperature[b];
+  const bool greedy = t == 0.f;
+  // Pass 1's partials are read only past this point (a programmatic dependent launch).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  const float scale = greedy ? 0.f : 1.4426950408889634f / t;
+  for (int64_t i = warp; i <= r.count; i += kWarps) {
+    const StepStats st = combine_partials(part_max, part_arg, part_approx, b * width + i, splits, scale);
+    if (lane == 0) {
+      step_max[i] = st.max_logit;
+      step_argmax[i] = st.argmax;
+      step_approx[i] = st.approx;
+    }
+  }
+  __syncthreads();
+  int64_t from = 0;
+  while (true) {
+    if (warp == 0) {
+      // Lane l tests step first + l; the first step not surely accepted stops the walk.
+      int64_t stop = r.count;
+      bool unsettled = false;
+      for (int64_t first = from; first < r.count; first += 32) {
+        const int64_t i = first + lane;
+        Verdict verdict = Verdict::kAccept;
+        if (i < r.count) {
+          const int64_t x = draft[r.start + i];
+          if (greedy) {
+            verdict = x == step_argmax[i] ? Verdict::kAccept : Verdict::kReject;
+          } else {
+            const bool in_vocab = x >= 0 && x < vocab;
+            const float q = !in_vocab ? 0.f : (draft_probs != nullptr ? draft_probs[(r.start + i) * vocab + x] : 1.f);
+            const float u = uniform_from_word(philox_block(seed, position + i, kPurposeAccept, 0).w[0]);
+            const scalar_t* row = target + (r.start + i) * vocab;
+            const float z_x = in_vocab ? sanitise(to_float(row[x])) : -INFINITY;
+            verdict = screen_test(u * q, q, in_vocab, z_x, StepStats{step_max[i], step_argmax[i], step_approx[i]}, t);
+          }
+        }
+        const unsigned stops = __ballot_sync(kFullMask, verdict != Verdict::kAccept);
+        if (stops != 0) {
+          const int at = __ffs(stops) - 1;
+          stop = first + at;
+          unsettled = __shfl_sync(kFullMask, verdict == Verdict::kUnsettled, at);
+          break;
+        }
+      }
+      if (lane == 0) {
+        stop_shared = stop;
+        unsettled_shared = unsettled;
+      }
+    }
+    __syncthreads();
+    const int64_t stop = stop_shared;
+    const bool unsettled = unsettled_shared;
+    __syncthreads();  // every thread has read them before warp 0 may write them again
+    if (greedy) return stop;
+    // The exact statistics of the stopping row, then (their writes visible to the cluster)
+    // the exact test where the screen left it open.
+    row_stats_slot(cluster, reducer, radix, row_slice, target, bonus, draft, cu, temperature, nullptr, nullptr, stats,
+                   block_masses, num_tokens, vocab, width, slice, false, b * width + stop, -1);
+    __threadfence();
+    cluster.sync();
+    if (!unsettled) return stop;
+    const float q = draft_probs != nullptr ? draft_probs[(r.start + stop) * vocab + draft[r.start + stop]] : 1.f;
+    const float u = uniform_from_word(philox_block(seed, position + stop, kPurposeAccept, 0).w[0]);
+    if (!accepts(u, q, load_stats_cg(stats + b * width + stop).p_token)) return stop;
+    from = stop + 1;
+  }
+}
+
+template <typename scalar_t, bool kScreened>
 __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
     const scalar_t* __restrict__ target,      // [T, V]
     const scalar_t* __restrict__ bonus,       // [B, V]
@@ -123,12 +224,16 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
     const float* __restrict__ temperature,    // [B]
     const int64_t* __restrict__ seeds,        // [B]
     const int64_t* __restrict__ positions,    // [B]
-    const RowStats* __restrict__ stats,       // [B, width]
-    const int64_t* __restrict__ block_masses, // [B * width, C * ceil(slice / 256)] or null (n-gram)
+    RowStats* stats,                          // [B, width]: read (pass 1's), or written here (kScreened)
+    int64_t* block_masses,                    // [B * width, C * ceil(slice / 256)] or null (n-gram)
+    const float* __restrict__ part_max,       // [B * width, splits] (kScreened)
+    const int64_t* __restrict__ part_arg,     // [B * width, splits] (kScreened)
+    const float* __restrict__ part_approx,    // [B * width, splits] (kScreened)
     int32_t* __restrict__ out,                // [B, width]
     int32_t* __restrict__ num_accepted,       // [B]
     float* __restrict__ logprobs,             // [B, width] or null
-    int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice) {
+    int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice, int64_t splits) {
+  extern __shared__ float row_slice[];  // kScreened: [slice], a row's slice for its exact statistics
   __shared__ int64_t chosen_shared;
   __shared__ int64_t warp_mass[kWarps];
   __shared__ int64_t slice_mass;  // read by the peers
@@ -136,6 +241,7 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
   __shared__ int64_t scan_totals[kWarps];
   __shared__ int scan_first;
   __shared__ Proposals proposals;
+  __shared__ int64_t step_argmax[kScreened ? kMaxScreenSteps : 1];
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t rank = cluster.block_rank();
   const int64_t b = blockIdx.x / cluster.num_blocks();
@@ -145,45 +251,56 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
   const RowStats* row_stats = stats + b * width;
   const int64_t seed = seeds[b], position = positions[b];
 
-  // Every CTA finds the row to sample: the first draft whose acceptance test fails (the
-  // bonus row when none does). Warp 0 tests 32 drafts at a time, a lane each, so every
-  // draft's loads are in flight at once (one thread walking them in turn waited on two
-  // loads a draft); a ballot picks the first failure.
-  if (threadIdx.x < 32) {
-    int64_t chosen = r.count;
-    for (int64_t first = 0; first < r.count; first += 32) {
-      const int64_t i = first + threadIdx.x;
-      bool fails = false;
-      if (i < r.count) {
-        const int64_t x = draft[r.start + i];
-        if (greedy) {
-          fails = x != row_stats[i].argmax;
-        } else if (x < 0 || x >= vocab) {
-          fails = true;
-        } else {
-          const float q = draft_probs != nullptr ? draft_probs[(r.start + i) * vocab + x] : 1.f;
-          const float u = uniform_from_word(philox_block(seed, position + i, kPurposeAccept, 0).w[0]);
-          fails = !accepts(u, q, row_stats[i].p_token);
+  int64_t chosen;  // first rejected row, or r.count for the bonus row
+  if constexpr (kScreened) {
+    chosen = screened_choice(cluster, row_slice, target, bonus, draft, draft_probs, cu, temperature, stats,
+                             block_masses, part_max, part_arg, part_approx, splits, b, r, seed, position, num_tokens,
+                             vocab, width, slice, step_argmax);
+  } else {
+    // Every CTA finds the row to sample: the first draft whose acceptance test fails (the
+    // bonus row when none does). Warp 0 tests 32 drafts at a time, a lane each, so every
+    // draft's loads are in flight at once (one thread walking them in turn waited on two
+    // loads a draft); a ballot picks the first failure.
+    if (threadIdx.x < 32) {
+      int64_t first_failure = r.count;
+      for (int64_t first = 0; first < r.count; first += 32) {
+        const int64_t i = first + threadIdx.x;
+        bool fails = false;
+        if (i < r.count) {
+          const int64_t x = draft[r.start + i];
+          if (greedy) {
+            fails = x != row_stats[i].argmax;
+          } else if (x < 0 || x >= vocab) {
+            fails = true;
+          } else {
+            const float q = draft_probs != nullptr ? draft_probs[(r.start + i) * vocab + x] : 1.f;
+            const float u = uniform_from_word(philox_block(seed, position + i, kPurposeAccept, 0).w[0]);
+            fails = !accepts(u, q, row_stats[i].p_token);
+          }
+        }
+        const unsigned failures = __ballot_sync(kFullMask, fails);
+        if (failures != 0) {  // the same in every lane
+          first_failure = first + __ffs(failures) - 1;
+          break;
         }
       }
-      const unsigned failures = __ballot_sync(kFullMask, fails);
-      if (failures != 0) {  // the same in every lane
-        chosen = first + __ffs(failures) - 1;
-        break;
-      }
+      if (threadIdx.x == 0) chosen_shared = first_failure;
     }
-    if (threadIdx.x == 0) chosen_shared = chosen;
+    __syncthreads();
+    chosen = chosen_shared;
   }
-  __syncthreads();
-  const int64_t chosen = chosen_shared;  // first rejected row, or r.count for the bonus row
+  // The chosen row's statistics (kScreened: written in this launch, possibly by a peer).
+  const RowStats chosen_stats = kScreened ? (greedy ? RowStats{} : load_stats_cg(row_stats + chosen))
+                                          : row_stats[chosen];
+  auto argmax_of = [&](int64_t i) -> int64_t { return kScreened ? step_argmax[i] : row_stats[i].argmax; };
   auto write_row = [&](int64_t last_token, float last_p) {
     int32_t* row_out = out + b * width;
     for (int64_t i = 0; i < width; ++i) {
       int32_t token = -1;
       float lp = 0.f;
       if (i < chosen) {
-        token = static_cast<int32_t>(greedy ? row_stats[i].argmax : draft[r.start + i]);
-        lp = log_prob(row_stats[i].p_token);
+        token = static_cast<int32_t>(greedy ? argmax_of(i) : draft[r.start + i]);
+        if (logprobs != nullptr) lp = log_prob(row_stats[i].p_token);
       } else if (i == chosen) {
         token = static_cast<int32_t>(last_token);
         lp = log_prob(last_p);
@@ -194,7 +311,7 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
     num_accepted[b] = static_cast<int32_t>(chosen);
   };
   if (greedy) {
-    if (rank == 0 && threadIdx.x == 0) write_row(row_stats[chosen].argmax, row_stats[chosen].p_token);
+    if (rank == 0 && threadIdx.x == 0) write_row(argmax_of(chosen), chosen_stats.p_token);
     return;
   }
 
@@ -208,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
                                     q,
                                     reinterpret_cast<uintptr_t>(q) % 16 == 0,
                                     rejected && q == nullptr ? draft[r.start + chosen] : -1,
-                                    row_stats[chosen],
+                                    chosen_stats,
                                     Temperature(t)};
   if (q != nullptr) {  // first the proposals, which need no pass over the row
     const int64_t num_blocks = cluster.num_blocks() * blocks_per_slice(slice);
@@ -296,12 +413,45 @@ int64_t slice_for(int64_t vocab, int c) {
   return (slice + 7) / 8 * 8;  // 8-aligned starts keep every group of 4 in one slice
 }
 
+// CTAs of the screened pass 1 resident on the device at once (occupancy x SMs; the float
+// instantiation stands for the three, whose register counts match), once per device.
+int64_t resident_partial_ctas(int device, int num_sms) {
+  static std::mutex mutex;
+  static std::map<int, int64_t> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = cache.find(device);
+  if (found != cache.end()) return found->second;
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, verify_row_partials_kernel<float>, kThreads, 0));
+  return cache[device] = int64_t{std::max(per_sm, 1)} * num_sms;
+}
+
+// The screened pass 1's split of a row: as many splits as one wave of resident CTAs holds
+// over every slot (each CTA then loops over its split with its loads in flight, rather
+// than a second, partial wave of short CTAs), each at least 2048 entries and a multiple
+// of 4 kThreads.
+int64_t screen_split_len(int64_t vocab, int64_t slots, int64_t resident) {
+  const int64_t splits = std::clamp<int64_t>(resident / slots, 1, (vocab + 2047) / 2048);
+  const int64_t step = 4 * kThreads;
+  return ((vocab + splits - 1) / splits + step - 1) / step * step;
+}
+
+// Pass 1's partials (screened path): per slot and split, the max, its first index and the
+// approximate normaliser.
+struct Partials {
+  float* max;
+  int64_t* arg;
+  float* approx;
+  int64_t split_len;
+  int64_t splits;
+};
+
 template <typename scalar_t>
 void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logits, TokenIds draft,
                    const float* draft_probs, const int32_t* cu, const float* temperature, const int32_t* top_k,
                    const float* top_p, const int64_t* seeds, const int64_t* positions, RowStats* stats,
                    int64_t* block_masses, int32_t* out, int32_t* num_accepted, float* logprobs, const VerifySizes& s,
-                   int cluster) {
+                   int cluster, const Partials* partials) {
   static std::mutex mutex;
   static uint64_t configured = 0;  // a bit per device: function attributes are per device
   {
@@ -309,7 +459,8 @@ void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logi
     const uint64_t bit = uint64_t{1} << (target_logits.get_device() % 64);
     if (!(configured & bit)) {
       allow_large_clusters(verify_row_stats_kernel<scalar_t>, kMaxSliceBytes);
-      allow_large_clusters(verify_decide_kernel<scalar_t>, kMaxSliceBytes);
+      allow_large_clusters(verify_decide_kernel<scalar_t, false>, kMaxSliceBytes);
+      allow_large_clusters(verify_decide_kernel<scalar_t, true>, kMaxSliceBytes);
       configured |= bit;
     }
   }
@@ -319,15 +470,47 @@ void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logi
   const auto* bonus = static_cast<const scalar_t*>(bonus_logits.data_ptr());
   const int64_t num_slots = s.batch * s.width;
   const size_t smem = slice * sizeof(float);
+  if (partials != nullptr) {
+    const Partials& p = *partials;
+    verify_row_partials_kernel<scalar_t><<<dim3(static_cast<unsigned>(num_slots), static_cast<unsigned>(p.splits)),
+                                           kThreads, 0, stream>>>(target, bonus, cu, temperature, p.max, p.arg,
+                                                                  p.approx, s.num_tokens, s.vocab, s.width,
+                                                                  p.split_len);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    // SPECOPS_VERIFY_PDL=0: pass 2 as a plain launch (A/B runs).
+    const char* pdl_setting = std::getenv("SPECOPS_VERIFY_PDL");
+    const bool programmatic = pdl_setting == nullptr || std::string(pdl_setting) != "0";
+    launch_clusters(verify_decide_kernel<scalar_t, true>, s.batch, cluster, kThreads, smem, stream, programmatic, target,
+                    bonus, draft, draft_probs, cu, temperature, seeds, positions, stats, block_masses,
+                    static_cast<const float*>(p.max), static_cast<const int64_t*>(p.arg),
+                    static_cast<const float*>(p.approx), out, num_accepted, logprobs, s.num_tokens, s.vocab,
+                    s.width, slice, p.splits);
+    return;
+  }
   const int64_t clusters = std::min<int64_t>(
       num_slots, resident_clusters(verify_row_stats_kernel<scalar_t>, kThreads, cluster, smem, target_logits.get_device()));
-  launch_clusters(verify_row_stats_kernel<scalar_t>, clusters, cluster, kThreads, smem, stream, target, bonus, draft, cu,
-                  temperature, top_k, top_p, stats, block_masses, num_slots, s.num_tokens, s.vocab, s.width, slice,
-                  logprobs != nullptr);
-  launch_clusters(verify_decide_kernel<scalar_t>, s.batch, cluster, kThreads, 0, stream, target, bonus, draft,
-                  draft_probs, cu, temperature, seeds, positions, static_cast<const RowStats*>(stats),
-                  static_cast<const int64_t*>(block_masses), out, num_accepted, logprobs, s.num_tokens, s.vocab,
-                  s.width, slice);
+  launch_clusters(verify_row_stats_kernel<scalar_t>, clusters, cluster, kThreads, smem, stream, false, target, bonus,
+                  draft, cu, temperature, top_k, top_p, stats, block_masses, num_slots, s.num_tokens, s.vocab, s.width,
+                  slice, logprobs != nullptr);
+  launch_clusters(verify_decide_kernel<scalar_t, false>, s.batch, cluster, kThreads, 0, stream, false, target, bonus,
+                  draft, draft_probs, cu, temperature, seeds, positions, stats, block_masses,
+                  static_cast<const float*>(nullptr), static_cast<const int64_t*>(nullptr),
+                  static_cast<const float*>(nullptr), out, num_accepted, logprobs, s.num_tokens, s.vocab, s.width,
+                  slice, int64_t{0});
+}
+
+// Whether a call takes the screened path (verify_screen.cuh): tokens only, no top-k or
+// top-p, at most kMaxScreenSteps steps a request, and a batch of at least kScreenMinBatch
+// requests (smaller ones run faster on the two full passes: bench/NOTES.md).
+// SPECOPS_VERIFY_SCREEN=1 / 0 forces it on / off where it applies (tests and A/B runs).
+constexpr int64_t kScreenMinBatch = 8;
+bool screened_call(bool filtered, bool return_logprobs, int64_t batch, int64_t width) {
+  if (filtered || return_logprobs || width > kMaxScreenSteps) return false;
+  const char* setting = std::getenv("SPECOPS_VERIFY_SCREEN");
+  if (setting != nullptr && (std::string(setting) == "0" || std::string(setting) == "1")) {
+    return std::string(setting) == "1";
+  }
+  return batch >= kScreenMinBatch;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
@@ -349,7 +532,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, target_logits.get_device()));
   TORCH_CHECK(major >= 9, "the CUDA verify kernel needs thread-block clusters (sm_90 or newer), this GPU is sm_",
               num(major), "x: use backend='triton'");
-  const int cluster = cluster_size(s.vocab, s.batch * s.width, num_sms);
+  const bool screened = screened_call(top_k.has_value() || top_p.has_value(), return_logprobs, s.batch, s.width);
+  // Screened: pass 2's clusters, one a request, compute the exact statistics.
+  const int cluster = cluster_size(s.vocab, screened ? s.batch : s.batch * s.width, num_sms);
   TORCH_CHECK_VALUE(slice_for(s.vocab, cluster) * int64_t{4} <= kMaxSliceBytes,
                     "target_logits vocab must be at most ", num(kMaxSliceBytes / 4 * kMaxCluster),
                     " for the CUDA verify kernel, got ", num(s.vocab), ": use backend='triton'");
@@ -367,6 +552,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
   const int64_t mass_blocks = cluster * blocks_per_slice(slice_for(s.vocab, cluster));
   at::Tensor block_masses = at::empty({draft_probs.has_value() ? s.batch * s.width : 0, mass_blocks},
                                       target_logits.options().dtype(at::kLong));
+  Partials partials{};
+  at::Tensor partial_buffers;
+  if (screened) {
+    partials.split_len = screen_split_len(s.vocab, s.batch * s.width,
+                                          resident_partial_ctas(target_logits.get_device(), num_sms));
+    partials.splits = (s.vocab + partials.split_len - 1) / partials.split_len;
+    const int64_t n = s.batch * s.width * partials.splits;
+    partial_buffers = at::empty({4 * n}, target_logits.options().dtype(at::kInt));  // max, approx, then arg (int64)
+    partials.max = reinterpret_cast<float*>(partial_buffers.data_ptr<int32_t>());
+    partials.approx = partials.max + n;
+    partials.arg = reinterpret_cast<int64_t*>(partials.approx + n);
+  }
   const TokenIds draft{draft_token_ids.data_ptr(), draft_token_ids.scalar_type() == at::kLong};
   const auto launch = [&](auto tag) {  // the kernels read 16-bit storage as CUDA's own types
     using scalar_t = decltype(tag);
@@ -377,7 +574,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
         top_p.has_value() ? top_p->data_ptr<float>() : nullptr, seeds.data_ptr<int64_t>(),
         positions.data_ptr<int64_t>(), reinterpret_cast<RowStats*>(stats.data_ptr()),
         draft_probs.has_value() ? block_masses.data_ptr<int64_t>() : nullptr, out.data_ptr<int32_t>(),
-        num_accepted.data_ptr<int32_t>(), return_logprobs ? logprobs.data_ptr<float>() : nullptr, s, cluster);
+        num_accepted.data_ptr<int32_t>(), return_logprobs ? logprobs.data_ptr<float>() : nullptr, s, cluster,
+        screened ? &partials : nullptr);
   };
   switch (target_logits.scalar_type()) {  // check_verify admits these three
     case at::kHalf: launch(__half{}); break;

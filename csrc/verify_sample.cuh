@@ -184,7 +184,7 @@ __device__ int64_t propose_residual(const SampledRow<scalar_t>& masses,
   const int64_t run = (num_blocks + kThreads - 1) / kThreads;
   const int64_t first = min(threadIdx.x * run, num_blocks), last = min(first + run, num_blocks);
   int64_t sum = 0;
-  for (int64_t g = first; g < last; ++g) sum += block_masses[g];
+  for (int64_t g = first; g < last; ++g) sum += __ldcg(block_masses + g);  // written in this launch (screened)
   int64_t inclusive = warp_inclusive_sum(sum);
   if (lane == 31) s.warp_totals[warp] = inclusive;
   __syncthreads();
@@ -199,7 +199,7 @@ __device__ int64_t propose_residual(const SampledRow<scalar_t>& masses,
     const int64_t u = static_cast<int64_t>(__umul64hi(s.x[t], static_cast<uint64_t>(total)));
     if (u >= inclusive - sum && u < inclusive) {
       int64_t below = inclusive - sum, g = first;
-      while (g < last - 1 && u >= below + block_masses[g]) below += block_masses[g++];
+      while (g < last - 1 && u >= below + __ldcg(block_masses + g)) below += __ldcg(block_masses + g++);
       s.block[t] = static_cast<int32_t>(g);
       s.offset[t] = u - below;
     }

@@ -31,19 +31,25 @@ NO_CUDA_KERNEL = (Backend.CUDA,)
 # The largest vocabulary csrc/verify_cuda.cu takes (16 CTAs x a 96 KB shared-memory slice).
 CUDA_VERIFY_MAX_VOCAB = 16 * 96 * 1024 // 4
 # Logits (target and bonus rows x vocab) from which an eager verify call runs the Triton
-# kernel by default: its GPU time, about a third of the CUDA kernel's, then outweighs its
-# host time (~0.35 ms of launches, ~1 ms with top-k / top-p). H100, eager, CUDA / Triton µs
-# (bench/results/verify-h100-20261126.json): 238 / 413 at 41M logits (B=64, k=4, V=128256),
-# 558 / 375 at 88M (B=64, k=8, V=151936), 900 / 800 at 164M (B=256); with top-k and top-p
-# 414 / 1068 at 10M (B=16), 1479 / 1047 at 41M (B=64).
-TRITON_EAGER_MIN_LOGITS = 64 << 20
+# kernel by default: its GPU time, below the CUDA kernel's, then outweighs its host time
+# (~0.35 ms of launches, ~1 ms with top-k / top-p). H100, eager, CUDA / Triton µs
+# (bench/results/verify-h100-20261126.json): tokens only (the CUDA kernel's screened
+# path) 186 / 676 at 41M logits (B=64, k=4, V=128256), 276 / 368 at 88M (B=64, k=8,
+# V=151936), 616 / 364 at 164M (B=256); with log-probabilities (the CUDA kernel's two full
+# passes, as before that path) 238 / 413 at 41M, 558 / 375 at 88M; with top-k and top-p
+# 413 / 1109 at 10M (B=16), 1471 / 1080 at 41M (B=64).
+TRITON_EAGER_MIN_LOGITS = 128 << 20
+TRITON_EAGER_MIN_LOGITS_LOGPROBS = 64 << 20
 TRITON_EAGER_MIN_LOGITS_FILTERED = 32 << 20
 
 
-def triton_faster_eagerly(num_logits: int, filtered: bool) -> bool:
+def triton_faster_eagerly(num_logits: int, filtered: bool, return_logprobs: bool = False) -> bool:
     """Whether an eager verify call over ``num_logits`` logits (with top-k or top-p when
-    ``filtered``) runs faster on the Triton kernel than on the CUDA kernel."""
-    return num_logits >= (TRITON_EAGER_MIN_LOGITS_FILTERED if filtered else TRITON_EAGER_MIN_LOGITS)
+    ``filtered``, log-probabilities when ``return_logprobs``) runs faster on the Triton
+    kernel than on the CUDA kernel."""
+    if filtered:
+        return num_logits >= TRITON_EAGER_MIN_LOGITS_FILTERED
+    return num_logits >= (TRITON_EAGER_MIN_LOGITS_LOGPROBS if return_logprobs else TRITON_EAGER_MIN_LOGITS)
 
 
 @torch.compiler.assume_constant_result
@@ -282,8 +288,8 @@ def verify(
     reference. On CUDA tensors the default is the CUDA kernel (the faster one called
     eagerly on small calls: the Triton launch costs more host time), and the Triton kernel
     while a CUDA graph is being captured (replayed, it is faster: bench/NOTES.md), for
-    calls of many logits (``triton_faster_eagerly``: from 64 Mi logits, 32 Mi with top-k or
-    top-p), for a larger vocabulary and on an older GPU.
+    calls of many logits (``triton_faster_eagerly``: from 128 Mi logits, 64 Mi with
+    log-probabilities, 32 Mi with top-k or top-p), for a larger vocabulary and on an older GPU.
     """
     device = target_logits.device
     # The default skips the CUDA kernel where it cannot run (vocabulary, GPU) and where
@@ -292,7 +298,8 @@ def verify(
     num_logits = (target_logits.shape[0] + bonus_logits.shape[0]) * target_logits.shape[-1]
     skip_cuda = device.type == "cuda" and (
         target_logits.shape[-1] > CUDA_VERIFY_MAX_VOCAB or _cuda_major(device.index) < 9
-        or _capturing_cuda_graph() or triton_faster_eagerly(num_logits, top_k is not None or top_p is not None))
+        or _capturing_cuda_graph()
+        or triton_faster_eagerly(num_logits, top_k is not None or top_p is not None, return_logprobs))
     chosen = resolve(backend, device, op="verify", missing=(Backend.CUDA,) if skip_cuda and backend is None else ())
     if _should_validate(validate, device):
         _checks.validate_cu_num_draft_tokens(cu_num_draft_tokens, draft_token_ids.shape[0], max_spec_len)

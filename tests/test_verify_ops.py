@@ -168,11 +168,12 @@ def assert_tokens_match_reference(inputs, max_spec_len, device, backend):
 @pytest.fixture(params=["screened", "unscreened"])
 def screen(request, monkeypatch):
     """The Triton launcher with and without its screen on tokens-only calls (one request
-    with few bytes of rows skips it by default: every test exact; other backends ignore
-    this)."""
+    with few bytes of rows skips it by default: every test exact), and the CUDA kernel with
+    and without its screened path (SPECOPS_VERIFY_SCREEN; the CPU kernel ignores both)."""
     from specops.triton_kernels import verify as triton_verify
 
     unscreened = request.param == "unscreened"
+    monkeypatch.setenv("SPECOPS_VERIFY_SCREEN", "0" if unscreened else "1")
     monkeypatch.setattr(triton_verify, "UNSCREENED_MAX_BATCH", 1 << 30 if unscreened else 0)
     monkeypatch.setattr(triton_verify, "UNSCREENED_BYTES", 1 << 62 if unscreened else 0)
     return request.param
@@ -366,6 +367,7 @@ def test_gpu_full_size_matches_reference(device, backend, vocab, batch_size, wit
     counts = torch.randint(0, 6, (batch_size,), generator=g).tolist()
     inputs = make_inputs(counts, vocab, seed=batch_size, with_top=with_top, dtype=torch.bfloat16)
     assert_matches_reference(inputs, 5, device, backend)
+    assert_tokens_match_reference(inputs, 5, device, backend)  # the CUDA kernel's screened path without top-k/top-p
 
 
 @pytest.mark.gpu
@@ -388,14 +390,16 @@ def test_gpu_full_size_all_greedy_matches_reference(device, backend, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("device,backend", GPU_BACKENDS)
-def test_gpu_cuda_graph_replays_draw_fresh_numbers(device, backend):
+@pytest.mark.parametrize("return_logprobs", [True, False], ids=["logprobs", "tokens"])
+def test_gpu_cuda_graph_replays_draw_fresh_numbers(device, backend, return_logprobs):
     """Seeds and positions are device tensors: advancing positions between replays gives
-    new draws, and each replay equals an eager call at those positions."""
+    new draws, and each replay equals an eager call at those positions (tokens only: the
+    CUDA kernel's screened path, a programmatic dependent launch)."""
     inputs = on(make_inputs([3, 2, 4], 4096, seed=21, greedy_fraction=0.0, with_top=False), device)
     positions = inputs["positions"]
 
     def step():
-        return specops.verify(*inputs.values(), 4, True, backend=backend)
+        return specops.verify(*inputs.values(), 4, return_logprobs, backend=backend)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -433,6 +437,8 @@ def test_gpu_every_cluster_size_matches_reference(device, backend, vocab, counts
     for ngram in (False, True):
         inputs = make_inputs(counts, vocab, seed=vocab, ngram=ngram, dtype=dtype, greedy_fraction=0.25)
         assert_matches_reference(inputs, max(counts) + 1, device, backend)
+        inputs = make_inputs(counts, vocab, seed=vocab, ngram=ngram, dtype=dtype, greedy_fraction=0.25, with_top=False)
+        assert_tokens_match_reference(inputs, max(counts) + 1, device, backend)  # screened
 
 
 @pytest.mark.gpu
@@ -462,7 +468,8 @@ def test_eager_default_steers_to_triton_by_logits():
     shapes on either side of it, as measured (specops/ops.py)."""
     rows = lambda batch, k: batch * (k + 1)  # noqa: E731 (target and bonus rows)
     assert not specops.ops.triton_faster_eagerly(rows(64, 4) * 128256, filtered=False)
-    assert specops.ops.triton_faster_eagerly(rows(64, 8) * 151936, filtered=False)
+    assert not specops.ops.triton_faster_eagerly(rows(64, 8) * 151936, filtered=False)  # the CUDA screened path
+    assert specops.ops.triton_faster_eagerly(rows(64, 8) * 151936, filtered=False, return_logprobs=True)
     assert specops.ops.triton_faster_eagerly(rows(256, 4) * 128256, filtered=False)
     assert not specops.ops.triton_faster_eagerly(rows(16, 4) * 128256, filtered=True)
     assert specops.ops.triton_faster_eagerly(rows(64, 4) * 128256, filtered=True)
