@@ -42,7 +42,8 @@
 // The screened path (verify_screen.cuh), for tokens-only calls without top-k or top-p of
 // at least kScreenMinBatch requests: pass 1 is a plain grid (slots x splits) that streams
 // each row once for its max, first argmax and an approximate normaliser; pass 2, a
-// programmatic dependent launch in the same clusters, settles the acceptance tests from
+// programmatic dependent launch in clusters of C CTAs (one a request, as pass 2 above),
+// settles the acceptance tests from
 // those where they lie outside a 2^-9 band, and computes the exact statistics above (the
 // same row_stats_slot) only of the row it samples and of any row whose test it leaves
 // open, from that row's slices in its own shared memory; then samples as above. The
