@@ -42,12 +42,15 @@
 // The screened path (verify_screen.cuh), for tokens-only calls without top-k or top-p of
 // at least kScreenMinBatch requests: pass 1 is a plain grid (slots x splits) that streams
 // each row once for its max, first argmax and an approximate normaliser; pass 2, a
-// programmatic dependent launch in clusters of C CTAs (one a request, as pass 2 above),
-// settles the acceptance tests from
-// those where they lie outside a 2^-9 band, and computes the exact statistics above (the
-// same row_stats_slot) only of the row it samples and of any row whose test it leaves
-// open, from that row's slices in its own shared memory; then samples as above. The
-// exact normaliser's repro exp then runs on about one row a request instead of all.
+// programmatic dependent launch in clusters of C CTAs (one a request, as pass 2 above; C
+// the largest whose B clusters are all resident), settles the acceptance tests from those
+// where they lie outside a 2^-9 band, and computes the exact statistics above (without
+// top-k / top-p: the max from pass 1, so one streaming read of the row and no shared-memory
+// copy) only of the row it samples and of any row whose test it leaves open, with the
+// block masses of the row it samples; then samples as above, except that a bonus row or
+// n-gram rejection draws its token from those block masses and one block of logits
+// (draw_from_blocks) instead of the whole-row scan. The exact normaliser's repro exp then
+// runs on about one row a request.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -125,27 +128,25 @@ __global__ void __launch_bounds__(kThreads) verify_row_stats_kernel(
 // chosen logits row (and draft-probs row) once and, from L2, an eighth of one CTA's slice
 // of them again. kScreened (verify_screen.cuh): the steps' statistics come from pass 1's
 // partials, and the cluster computes the exact statistics of the rows it must (the row to
-// sample, and any row whose test the screen leaves open) from a slice of each in dynamic
-// shared memory.
+// sample, and any row whose test the screen leaves open), each CTA streaming its slice.
 
 // The screened walk of one request: every CTA of the cluster runs it alike and returns the
 // row to sample (the first rejected draft, or the bonus row), whose exact statistics (and,
-// with draft probs, block masses) it has stored. Greedy rows need none: their argmax comes
-// from the partials (step_argmax, which the caller writes out).
+// with draft probs, block masses) it has stored (screened_row_stats: each CTA streams its
+// slice of that row once, from the row max pass 1 found). Greedy rows need none: their
+// argmax comes from the partials (step_argmax, which the caller writes out).
 template <typename scalar_t>
 __device__ int64_t screened_choice(
-    cg::cluster_group& cluster, float* row_slice, const scalar_t* target, const scalar_t* bonus, TokenIds draft,
-    const float* draft_probs, const int32_t* cu, const float* temperature, RowStats* stats, int64_t* block_masses,
+    cg::cluster_group& cluster, const scalar_t* target, const scalar_t* bonus, TokenIds draft,
+    const float* draft_probs, const float* temperature, RowStats* stats, int64_t* block_masses,
     const float* part_max, const int64_t* part_arg, const float* part_approx, int64_t splits, int64_t b,
-    const DraftRange& r, int64_t seed, int64_t position, int64_t num_tokens, int64_t vocab, int64_t width,
-    int64_t slice, int64_t* step_argmax) {
+    const DraftRange& r, int64_t seed, int64_t position, int64_t vocab, int64_t width, int64_t slice,
+    int64_t* step_argmax) {
   __shared__ Slot warp_slots[kWarps], exchange[2], result;
-  __shared__ int64_t radix_bins[2][256], radix_totals[kWarps], radix_picked[2];
   __shared__ float step_max[kMaxScreenSteps], step_approx[kMaxScreenSteps];
   __shared__ int64_t stop_shared;
   __shared__ bool unsettled_shared;
   ClusterReducer<kWarps> reducer{warp_slots, exchange, &result, 0};
-  ClusterRadix<kThreads> radix{radix_bins, radix_totals, radix_picked, 0};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float t = temperature[b];
   const bool greedy = t == 0.f;
@@ -203,8 +204,16 @@ __device__ int64_t screened_choice(
     if (greedy) return stop;
     // The exact statistics of the stopping row, then (their writes visible to the cluster)
     // the exact test where the screen left it open.
-    row_stats_slot(cluster, reducer, radix, row_slice, target, bonus, draft, cu, temperature, nullptr, nullptr, stats,
-                   block_masses, num_tokens, vocab, width, slice, false, b * width + stop, -1);
+    // Block masses for the proposals at a rejection with draft probs, or the draw of a
+    // bonus row or n-gram rejection (draw_from_blocks).
+    const bool drafted = stop < r.count;
+    const int64_t slot = b * width + stop, rank = cluster.block_rank();
+    const int64_t blocks = blocks_per_slice(slice);
+    const int64_t lo = min(rank * slice, vocab), hi = min(lo + slice, vocab);
+    int64_t* masses = block_masses + (slot * cluster.num_blocks() + rank) * blocks;
+    screened_row_stats(cluster, reducer, drafted ? target + (r.start + stop) * vocab : bonus + b * vocab,
+                       step_max[stop], step_argmax[stop], t, drafted ? draft[r.start + stop] : -1, stats + slot,
+                       masses, lo, hi, blocks);
     __threadfence();
     cluster.sync();
     if (!unsettled) return stop;
@@ -234,13 +243,13 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
     int32_t* __restrict__ num_accepted,       // [B]
     float* __restrict__ logprobs,             // [B, width] or null
     int64_t num_tokens, int64_t vocab, int64_t width, int64_t slice, int64_t splits) {
-  extern __shared__ float row_slice[];  // kScreened: [slice], a row's slice for its exact statistics
   __shared__ int64_t chosen_shared;
   __shared__ int64_t warp_mass[kWarps];
   __shared__ int64_t slice_mass;  // read by the peers
   __shared__ SampleTarget sample;
   __shared__ int64_t scan_totals[kWarps];
   __shared__ int scan_first;
+  __shared__ int64_t draw_at[2];  // kScreened: the block and offset of a draw from block masses
   __shared__ Proposals proposals;
   __shared__ int64_t step_argmax[kScreened ? kMaxScreenSteps : 1];
   cg::cluster_group cluster = cg::this_cluster();
@@ -254,9 +263,8 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
 
   int64_t chosen;  // first rejected row, or r.count for the bonus row
   if constexpr (kScreened) {
-    chosen = screened_choice(cluster, row_slice, target, bonus, draft, draft_probs, cu, temperature, stats,
-                             block_masses, part_max, part_arg, part_approx, splits, b, r, seed, position, num_tokens,
-                             vocab, width, slice, step_argmax);
+    chosen = screened_choice(cluster, target, bonus, draft, draft_probs, temperature, stats, block_masses, part_max,
+                             part_arg, part_approx, splits, b, r, seed, position, vocab, width, slice, step_argmax);
   } else {
     // Every CTA finds the row to sample: the first draft whose acceptance test fails (the
     // bonus row when none does). Warp 0 tests 32 drafts at a time, a lane each, so every
@@ -328,6 +336,19 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
                                     rejected && q == nullptr ? draft[r.start + chosen] : -1,
                                     chosen_stats,
                                     Temperature(t)};
+  if (kScreened && q == nullptr) {
+    // A bonus row or n-gram rejection: from the block masses the cluster stored (every CTA
+    // computes the same token, so rank 0 alone draws it; no cluster barrier follows).
+    if (rank != 0) return;
+    const int64_t num_blocks = cluster.num_blocks() * blocks_per_slice(slice);
+    const PhiloxWords draw = philox_block(seed, position + chosen, kPurposeSample, 0);
+    float token_z;
+    const int64_t token = draw_from_blocks(masses, block_masses + (b * width + chosen) * num_blocks, num_blocks,
+                                           blocks_per_slice(slice), slice, vocab,
+                                           draw.w[0] | (uint64_t{draw.w[1]} << 32), scan_totals, draw_at, &token_z);
+    if (threadIdx.x == 0) write_row(token, processed_p(token_z, token, masses.st, masses.temperature));
+    return;
+  }
   if (q != nullptr) {  // first the proposals, which need no pass over the row
     const int64_t num_blocks = cluster.num_blocks() * blocks_per_slice(slice);
     float token_z;
@@ -391,17 +412,21 @@ __global__ void __launch_bounds__(kThreads, 2) verify_decide_kernel(
 // ---------------------------------------------------------------------------------------
 // Launcher.
 
+// Tuning override (bench/NOTES.md): SPECOPS_VERIFY_CLUSTER=1|2|4|8|16 where the slice
+// fits; 0 when unset or not one of those.
+int forced_cluster_size(int64_t vocab) {
+  const char* forced = std::getenv("SPECOPS_VERIFY_CLUSTER");
+  if (forced == nullptr) return 0;
+  const int c = std::atoi(forced);
+  const bool valid = c == 1 || c == 2 || c == 4 || c == 8 || c == 16;
+  return valid && (vocab + c - 1) / c * int64_t{4} <= kMaxSliceBytes ? c : 0;
+}
+
 // Rows per cluster CTA: slices of at most 4096 logits while that takes at most 8 CTAs
 // (portable clusters), 16 CTAs when the batch is too small to fill the GPU or the slice
 // would not fit in shared memory.
 int cluster_size(int64_t vocab, int64_t slots, int num_sms) {
-  // Tuning override (bench/NOTES.md): SPECOPS_VERIFY_CLUSTER=1|2|4|8|16 where the slice fits.
-  if (const char* forced = std::getenv("SPECOPS_VERIFY_CLUSTER")) {
-    const int c = std::atoi(forced);
-    if ((c == 1 || c == 2 || c == 4 || c == 8 || c == 16) && (vocab + c - 1) / c * int64_t{4} <= kMaxSliceBytes) {
-      return c;
-    }
-  }
+  if (const int c = forced_cluster_size(vocab)) return c;
   int c = 1;
   while (c < 8 && (vocab + c - 1) / c > 4096) c *= 2;
   const bool too_big = (vocab + c - 1) / c * int64_t{4} > kMaxSliceBytes;
@@ -412,6 +437,45 @@ int cluster_size(int64_t vocab, int64_t slots, int num_sms) {
 int64_t slice_for(int64_t vocab, int c) {
   const int64_t slice = (vocab + c - 1) / c;
   return (slice + 7) / 8 * 8;  // 8-aligned starts keep every group of 4 in one slice
+}
+
+// The function attributes (clusters of 16, large dynamic shared memory) of the kernels
+// of one storage type, once per device.
+template <typename scalar_t>
+void configure_kernels(int device) {
+  static std::mutex mutex;
+  static uint64_t configured = 0;  // a bit per device: function attributes are per device
+  const std::lock_guard<std::mutex> lock(mutex);
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if (configured & bit) return;
+  allow_large_clusters(verify_row_stats_kernel<scalar_t>, kMaxSliceBytes);
+  allow_large_clusters(verify_decide_kernel<scalar_t, false>, kMaxSliceBytes);
+  allow_large_clusters(verify_decide_kernel<scalar_t, true>, kMaxSliceBytes);
+  configured |= bit;
+}
+
+// The screened pass 2's cluster size (one cluster a request): the largest C whose B
+// clusters are all resident at once, else (several waves whatever C) the smallest C, so
+// that fewer CTAs repeat a request's walk and proposals. A slice holds at most
+// kMaxSliceBytes / 4 entries (the whole-row scan of the residual fallback holds a warp's
+// part of one in registers) and, past C = 1, at least kMinScreenSlice. Every CTA runs a
+// long fixed part (the walk, the cluster reductions, the proposals) besides its slice,
+// and a cluster left to a second wave doubles it: H100, B=16 k=4 V=128256 random, C=16
+// (14 clusters resident) 77.4 us a graph replay, C=8 61.2 (bench/NOTES.md).
+constexpr int64_t kMinScreenSlice = 2048;
+template <typename scalar_t>
+int screened_cluster_size(int64_t vocab, int64_t batch, int device) {
+  if (const int c = forced_cluster_size(vocab)) return c;
+  configure_kernels<scalar_t>(device);
+  int fewest = 0;
+  for (int c = kMaxCluster; c >= 1; c /= 2) {
+    const int64_t slice = slice_for(vocab, c);
+    if (slice * int64_t{4} > kMaxSliceBytes) break;
+    if (c > 1 && slice < kMinScreenSlice) continue;
+    fewest = c;
+    if (resident_clusters(verify_decide_kernel<scalar_t, true>, kThreads, c, 0, device) >= batch) return c;
+  }
+  return fewest > 0 ? fewest : kMaxCluster;  // no slice fits: the caller's check names the vocab
 }
 
 // CTAs of the screened pass 1 resident on the device at once (occupancy x SMs; the float
@@ -453,18 +517,7 @@ void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logi
                    const float* top_p, const int64_t* seeds, const int64_t* positions, RowStats* stats,
                    int64_t* block_masses, int32_t* out, int32_t* num_accepted, float* logprobs, const VerifySizes& s,
                    int cluster, const Partials* partials) {
-  static std::mutex mutex;
-  static uint64_t configured = 0;  // a bit per device: function attributes are per device
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    const uint64_t bit = uint64_t{1} << (target_logits.get_device() % 64);
-    if (!(configured & bit)) {
-      allow_large_clusters(verify_row_stats_kernel<scalar_t>, kMaxSliceBytes);
-      allow_large_clusters(verify_decide_kernel<scalar_t, false>, kMaxSliceBytes);
-      allow_large_clusters(verify_decide_kernel<scalar_t, true>, kMaxSliceBytes);
-      configured |= bit;
-    }
-  }
+  configure_kernels<scalar_t>(target_logits.get_device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t slice = slice_for(s.vocab, cluster);
   const auto* target = static_cast<const scalar_t*>(target_logits.data_ptr());
@@ -481,7 +534,7 @@ void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logi
     // SPECOPS_VERIFY_PDL=0: pass 2 as a plain launch (A/B runs).
     const char* pdl_setting = std::getenv("SPECOPS_VERIFY_PDL");
     const bool programmatic = pdl_setting == nullptr || std::string(pdl_setting) != "0";
-    launch_clusters(verify_decide_kernel<scalar_t, true>, s.batch, cluster, kThreads, smem, stream, programmatic, target,
+    launch_clusters(verify_decide_kernel<scalar_t, true>, s.batch, cluster, kThreads, 0, stream, programmatic, target,
                     bonus, draft, draft_probs, cu, temperature, seeds, positions, stats, block_masses,
                     static_cast<const float*>(p.max), static_cast<const int64_t*>(p.arg),
                     static_cast<const float*>(p.approx), out, num_accepted, logprobs, s.num_tokens, s.vocab,
@@ -501,17 +554,19 @@ void launch_verify(const at::Tensor& target_logits, const at::Tensor& bonus_logi
 }
 
 // Whether a call takes the screened path (verify_screen.cuh): tokens only, no top-k or
-// top-p, at most kMaxScreenSteps steps a request, and a batch of at least kScreenMinBatch
-// requests (smaller ones run faster on the two full passes: bench/NOTES.md).
-// SPECOPS_VERIFY_SCREEN=1 / 0 forces it on / off where it applies (tests and A/B runs).
+// top-p, at most kMaxScreenSteps steps a request, and without draft probs (n-gram: its
+// draws from block masses beat the whole-row scan at every batch) or with a batch of at
+// least kScreenMinBatch requests (smaller ones with draft probs run faster on the two
+// full passes: bench/NOTES.md). SPECOPS_VERIFY_SCREEN=1 / 0 forces it on / off where it
+// applies (tests and A/B runs).
 constexpr int64_t kScreenMinBatch = 8;
-bool screened_call(bool filtered, bool return_logprobs, int64_t batch, int64_t width) {
+bool screened_call(bool filtered, bool return_logprobs, bool has_draft_probs, int64_t batch, int64_t width) {
   if (filtered || return_logprobs || width > kMaxScreenSteps) return false;
   const char* setting = std::getenv("SPECOPS_VERIFY_SCREEN");
   if (setting != nullptr && (std::string(setting) == "0" || std::string(setting) == "1")) {
     return std::string(setting) == "1";
   }
-  return batch >= kScreenMinBatch;
+  return !has_draft_probs || batch >= kScreenMinBatch;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
@@ -533,9 +588,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, target_logits.get_device()));
   TORCH_CHECK(major >= 9, "the CUDA verify kernel needs thread-block clusters (sm_90 or newer), this GPU is sm_",
               num(major), "x: use backend='triton'");
-  const bool screened = screened_call(top_k.has_value() || top_p.has_value(), return_logprobs, s.batch, s.width);
+  const bool screened = screened_call(top_k.has_value() || top_p.has_value(), return_logprobs,
+                                      draft_probs.has_value(), s.batch, s.width);
   // Screened: pass 2's clusters, one a request, compute the exact statistics.
-  const int cluster = cluster_size(s.vocab, screened ? s.batch : s.batch * s.width, num_sms);
+  const int device = target_logits.get_device();
+  int cluster = 0;
+  if (!screened) {
+    cluster = cluster_size(s.vocab, s.batch * s.width, num_sms);
+  } else {
+    switch (target_logits.scalar_type()) {  // the instantiation pass 2 launches
+      case at::kHalf: cluster = screened_cluster_size<__half>(s.vocab, s.batch, device); break;
+      case at::kBFloat16: cluster = screened_cluster_size<__nv_bfloat16>(s.vocab, s.batch, device); break;
+      default: cluster = screened_cluster_size<float>(s.vocab, s.batch, device); break;
+    }
+  }
   TORCH_CHECK_VALUE(slice_for(s.vocab, cluster) * int64_t{4} <= kMaxSliceBytes,
                     "target_logits vocab must be at most ", num(kMaxSliceBytes / 4 * kMaxCluster),
                     " for the CUDA verify kernel, got ", num(s.vocab), ": use backend='triton'");
@@ -548,10 +614,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
   if (s.batch == 0) return {out, num_accepted, logprobs};
   at::Tensor stats = at::empty({s.batch * s.width * static_cast<int64_t>(sizeof(RowStats))},
                                target_logits.options().dtype(at::kByte));
-  // Pass 1's block masses of every draft slot of a random request, for the residual
-  // proposals (with draft probs only); pass 1 writes every entry pass 2 may read.
+  // Block masses of every draft slot of a random request, for the residual proposals
+  // (with draft probs only; pass 1 writes every entry pass 2 may read), and on the
+  // screened path of the slot each request samples (pass 2 writes them).
   const int64_t mass_blocks = cluster * blocks_per_slice(slice_for(s.vocab, cluster));
-  at::Tensor block_masses = at::empty({draft_probs.has_value() ? s.batch * s.width : 0, mass_blocks},
+  const bool needs_masses = draft_probs.has_value() || screened;
+  at::Tensor block_masses = at::empty({needs_masses ? s.batch * s.width : 0, mass_blocks},
                                       target_logits.options().dtype(at::kLong));
   Partials partials{};
   at::Tensor partial_buffers;
@@ -574,7 +642,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
         top_k.has_value() ? top_k->data_ptr<int32_t>() : nullptr,
         top_p.has_value() ? top_p->data_ptr<float>() : nullptr, seeds.data_ptr<int64_t>(),
         positions.data_ptr<int64_t>(), reinterpret_cast<RowStats*>(stats.data_ptr()),
-        draft_probs.has_value() ? block_masses.data_ptr<int64_t>() : nullptr, out.data_ptr<int32_t>(),
+        needs_masses ? block_masses.data_ptr<int64_t>() : nullptr, out.data_ptr<int32_t>(),
         num_accepted.data_ptr<int32_t>(), return_logprobs ? logprobs.data_ptr<float>() : nullptr, s, cluster,
         screened ? &partials : nullptr);
   };

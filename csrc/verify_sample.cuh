@@ -1,5 +1,6 @@
 // Pass 2 of the CUDA verify kernel (verify_cuda.cu): the sampled token of a row, by
-// inversion from integer masses (scan_for_token) or by the residual proposals
+// inversion from integer masses (scan_for_token over a slice, or draw_from_blocks from the
+// row's block masses on the screened path) or by the residual proposals
 // (propose_residual), and the warp-level scans they share.
 #pragma once
 #include <cstdint>
@@ -147,6 +148,61 @@ __device__ int64_t scan_for_token(const SampledRow<scalar_t>& masses, int64_t be
   return token;
 }
 
+// The block masses of a sampled row as the draws from them scan it: thread t takes the
+// contiguous run [first, last) of blocks (at most 6: V <= 16 slices of 24576), whose
+// masses sum to `sum`; `inclusive` is the prefix through its run and `total` the row's.
+// Block `minus_block` counts `minus` less (an excluded entry's term). The masses were
+// written in this launch: read from L2.
+struct BlockRuns {
+  const int64_t* masses;  // [num_blocks]
+  int64_t minus_block, minus;
+  int64_t first, last, sum, inclusive, total;
+
+  __device__ int64_t mass(int64_t g) const { return __ldcg(masses + g) - (g == minus_block ? minus : 0); }
+
+  // Whether this thread's run holds u (0 <= u < total); if so, the block that does and
+  // u's offset within it.
+  __device__ bool locate(int64_t u, int64_t* block, int64_t* offset) const {
+    if (u < inclusive - sum || u >= inclusive) return false;
+    int64_t below = inclusive - sum, g = first;
+    while (g < last - 1 && u >= below + mass(g)) below += mass(g++);
+    *block = g;
+    *offset = u - below;
+    return true;
+  }
+};
+
+__device__ inline BlockRuns scan_block_runs(const int64_t* block_masses, int64_t num_blocks, int64_t minus_block,
+                                            int64_t minus, int64_t* warp_totals) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t run = (num_blocks + kThreads - 1) / kThreads;
+  BlockRuns r{block_masses, minus_block, minus};
+  r.first = min(threadIdx.x * run, num_blocks);
+  r.last = min(r.first + run, num_blocks);
+  r.sum = 0;
+  for (int64_t g = r.first; g < r.last; ++g) r.sum += r.mass(g);
+  r.inclusive = warp_inclusive_sum(r.sum);
+  if (lane == 31) warp_totals[warp] = r.inclusive;
+  __syncthreads();
+  r.total = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) r.inclusive += warp_totals[w];
+    r.total += warp_totals[w];
+  }
+  return r;
+}
+
+// Entries [begin, end) of block g of a row cut into slices of `slice` (block g is block
+// g % blocks of CTA g / blocks's slice).
+struct BlockRange {
+  int64_t begin, end;
+};
+__device__ __forceinline__ BlockRange block_range(int64_t g, int64_t blocks, int64_t slice, int64_t vocab) {
+  const int64_t slice_lo = min(g / blocks * slice, vocab), slice_hi = min(slice_lo + slice, vocab);
+  const int64_t begin = min(slice_lo + g % blocks * kMassBlock, slice_hi);
+  return BlockRange{begin, min(begin + kMassBlock, slice_hi)};
+}
+
 // Shared state of the residual proposals (header, 2).
 struct Proposals {
   uint64_t x[kProposals];       // the 64-bit draw that picks proposal t
@@ -180,38 +236,24 @@ __device__ int64_t propose_residual(const SampledRow<scalar_t>& masses,
     s.block[threadIdx.x] = 0;  // stays so only for invalid (negative) masses: in bounds
     s.offset[threadIdx.x] = 0;
   }
-  // Each thread takes a contiguous run of blocks (at most 6: V <= 16 slices of 24576).
-  const int64_t run = (num_blocks + kThreads - 1) / kThreads;
-  const int64_t first = min(threadIdx.x * run, num_blocks), last = min(first + run, num_blocks);
-  int64_t sum = 0;
-  for (int64_t g = first; g < last; ++g) sum += __ldcg(block_masses + g);  // written in this launch (screened)
-  int64_t inclusive = warp_inclusive_sum(sum);
-  if (lane == 31) s.warp_totals[warp] = inclusive;
-  __syncthreads();
-  int64_t total = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) inclusive += s.warp_totals[w];
-    total += s.warp_totals[w];
-  }
-  if (total == 0) return -1;  // no proposal: the same in every thread and CTA
+  const BlockRuns runs = scan_block_runs(block_masses, num_blocks, -1, 0, s.warp_totals);
+  if (runs.total == 0) return -1;  // no proposal: the same in every thread and CTA
   // The thread whose run holds U_t finds its block: the runs partition [0, M_W).
   for (int t = 0; t < kProposals; ++t) {
-    const int64_t u = static_cast<int64_t>(__umul64hi(s.x[t], static_cast<uint64_t>(total)));
-    if (u >= inclusive - sum && u < inclusive) {
-      int64_t below = inclusive - sum, g = first;
-      while (g < last - 1 && u >= below + __ldcg(block_masses + g)) below += __ldcg(block_masses + g++);
+    const int64_t u = static_cast<int64_t>(__umul64hi(s.x[t], static_cast<uint64_t>(runs.total)));
+    int64_t g, offset;
+    if (runs.locate(u, &g, &offset)) {
       s.block[t] = static_cast<int32_t>(g);
-      s.offset[t] = u - below;
+      s.offset[t] = offset;
     }
   }
   __syncthreads();
   for (int t = warp; t < kProposals; t += kWarps) {
-    // Block g is block g % blocks of CTA g / blocks's slice; lane l takes its entries
-    // [8 l, 8 l + 8) (blocks start on multiples of 8, so groups of 4 stay aligned).
-    const int64_t g = s.block[t], offset = s.offset[t];
-    const int64_t slice_lo = min(g / blocks * slice, vocab), slice_hi = min(slice_lo + slice, vocab);
-    const int64_t begin = min(slice_lo + g % blocks * kMassBlock, slice_hi), end = min(begin + kMassBlock, slice_hi);
-    const int64_t v0 = begin + 8 * lane;
+    // Lane l takes entries [8 l, 8 l + 8) of the block (blocks start on multiples of 8, so
+    // groups of 4 stay aligned).
+    const int64_t offset = s.offset[t];
+    const BlockRange range = block_range(s.block[t], blocks, slice, vocab);
+    const int64_t end = range.end, v0 = range.begin + 8 * lane;
     float z[8], w[8];
     int64_t m[8], lane_mass = 0;
     load4(masses.row, v0, end, masses.vec, z);
@@ -256,6 +298,75 @@ __device__ int64_t propose_residual(const SampledRow<scalar_t>& masses,
     }
   }
   return -1;
+}
+
+// The screened path's token of a bonus row or an n-gram rejection (no draft probs): the
+// inversion of the whole-row scan below (U = floor(X M / 2^64), X the position's sample
+// draw, M the row's masses less the excluded draft's term), with U located among the
+// row's block masses (screened_row_stats stored them, the same terms) and then inside its
+// block by warp 0, a lane per 8 entries: the same token, from one block of the row. Every
+// thread of the CTA calls it; the token returns in thread 0 (0 when M = 0, as in the
+// whole-row draw), its logit in token_z. `at`: two int64 of shared memory.
+template <typename scalar_t>
+__device__ int64_t draw_from_blocks(const SampledRow<scalar_t>& masses, const int64_t* block_masses,
+                                    int64_t num_blocks, int64_t blocks, int64_t slice, int64_t vocab, uint64_t x,
+                                    int64_t* warp_totals, int64_t* at, float* token_z) {
+  int64_t minus_block = -1, minus = 0;
+  if (masses.excluded >= 0 && masses.excluded < vocab) {
+    const int64_t v = masses.excluded, c = v / slice;
+    minus_block = c * blocks + (v - c * slice) / kMassBlock;
+    const float w = processed_weight(sanitise(to_float(masses.row[v])), v, masses.st, masses.temperature);
+    minus = fixed_point(w, kFixedScale);
+  }
+  if (threadIdx.x == 0) at[0] = at[1] = 0;  // ordered before the owner's writes by the scan's barrier
+  const BlockRuns runs = scan_block_runs(block_masses, num_blocks, minus_block, minus, warp_totals);
+  if (runs.total == 0) {
+    *token_z = sanitise(to_float(masses.row[0]));
+    return 0;
+  }
+  runs.locate(static_cast<int64_t>(__umul64hi(x, static_cast<uint64_t>(runs.total))), &at[0], &at[1]);
+  __syncthreads();
+  if (threadIdx.x >= 32) return -1;
+  const int lane = threadIdx.x;
+  const int64_t offset = at[1];
+  const BlockRange range = block_range(at[0], blocks, slice, vocab);
+  const int64_t end = range.end, v0 = range.begin + 8 * lane;
+  float z[8];
+  int64_t m[8], lane_mass = 0;
+  load4(masses.row, v0, end, masses.vec, z);
+  load4(masses.row, v0 + 4, end, masses.vec, z + 4);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    m[j] = v0 + j < end ? masses.mass(z[j], 0.f, v0 + j) : 0;
+    lane_mass += m[j];
+  }
+  const int64_t lane_inclusive = warp_inclusive_sum(lane_mass);
+  const int owner = pick_lane(lane_inclusive, offset, 32);
+  // The entry whose mass holds the offset; the block's last entry only if the stored
+  // masses and these terms disagree (never with valid inputs).
+  int64_t token = end - 1, cumulative = lane_inclusive - lane_mass;
+  float token_logit = 0.f;
+  bool found = false;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (!found && v0 + j < end) {
+      cumulative += m[j];
+      if (cumulative > offset) {
+        found = true;
+        token = v0 + j;
+        token_logit = z[j];
+      }
+    }
+  }
+  const bool hit = __ballot_sync(kFullMask, lane == owner && found) != 0;
+  token = __shfl_sync(kFullMask, token, owner);
+  token_logit = __shfl_sync(kFullMask, token_logit, owner);
+  if (!hit) {
+    token = end - 1;
+    token_logit = sanitise(to_float(masses.row[end - 1]));
+  }
+  *token_z = token_logit;
+  return token;
 }
 
 // Where U falls, as warp 0 of each CTA finds it: the total M, and the warp whose part of

@@ -1,8 +1,9 @@
 // The screened path of the CUDA verify kernel (verify_cuda.cu), for calls without top-k,
 // top-p or log-probabilities: pass 1 streams every row once for its max, first argmax and
 // an approximate normaliser (hardware exp2), split across CTAs; pass 2 settles most
-// acceptance tests from those and computes the exact statistics (verify_row_stats.cuh) of
-// the one row each request samples, inside its cluster, instead of every row's.
+// acceptance tests from those and computes the exact statistics (screened_row_stats below,
+// the integers of verify_row_stats.cuh) of the one row each request samples, inside its
+// cluster, instead of every row's.
 //
 // Why it stays exact: p(x) = w(x) / z2 with z2 the exact fixed-point sum (z2 >= 1: the
 // max's weight is exactly 1). The approximate sum differs from it by less than 1e-4,
@@ -18,6 +19,7 @@
 
 #include "cluster_reduce.cuh"
 #include "philox.h"
+#include "repro_math.h"
 #include "token_ids.h"
 #include "verify_cuda_common.cuh"
 #include "verify_math.cuh"
@@ -144,6 +146,71 @@ __device__ __forceinline__ Verdict screen_test(float scaled, float q, bool in_vo
   if (scaled < p * (1.f - kScreenMargin)) return Verdict::kAccept;
   if (scaled >= p * (1.f + kScreenMargin)) return Verdict::kReject;
   return Verdict::kUnsettled;
+}
+
+// The exact statistics of the row a screened request stops at (no top-k or top-p), by
+// its cluster in pass 2, from the row's max and first argmax (pass 1's partials: a max
+// does not round): each CTA streams its slice [lo, hi) once from global memory, with no
+// shared-memory copy and no max reduction. A warp takes whole blocks of kMassBlock
+// entries (two groups of 4 a lane, kScreenBlocksInFlight blocks loaded before any is
+// summed), so each block's fixed-point mass is one warp sum, stored when `block_masses`
+// (this CTA's blocks_per_slice entries, those past the row's end 0) is given; then one
+// cluster sum gives z1 = z2, and the CTA that holds `token` stores its p. The same
+// integers and floats as row_stats_slot (verify_row_stats.cuh) without its filters.
+constexpr int kScreenBlocksInFlight = 4;
+
+template <typename scalar_t>
+__device__ void screened_row_stats(cg::cluster_group& cluster, ClusterReducer<kWarps>& reducer, const scalar_t* row,
+                                   float max_logit, int64_t argmax, float temperature, int64_t token, RowStats* out,
+                                   int64_t* block_masses, int64_t lo, int64_t hi, int64_t blocks) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool first_thread = cluster.block_rank() == 0 && threadIdx.x == 0;
+  if (max_logit == -INFINITY) {  // no finite logit: all mass on token 0
+    if (first_thread) *out = RowStats{max_logit, 0, -INFINITY, 1.f, 0, 1.f, token == 0 ? 1.f : 0.f, 0};
+    for (int64_t k = threadIdx.x; block_masses != nullptr && k < blocks; k += kThreads) {
+      block_masses[k] = lo == 0 && k == 0 ? fixed_point(1.f, kFixedScale) : 0;
+    }
+    return;
+  }
+  const Temperature scale(temperature);
+  const bool vec = reinterpret_cast<uintptr_t>(row) % (4 * sizeof(scalar_t)) == 0;
+  int64_t fixed = 0;
+  for (int64_t first = warp; first < blocks; first += kWarps * kScreenBlocksInFlight) {
+    float x[kScreenBlocksInFlight][2][4];
+#pragma unroll
+    for (int u = 0; u < kScreenBlocksInFlight; ++u) {
+      const int64_t v = lo + (first + u * kWarps) * kMassBlock + 4 * lane;
+      load4(row, v, hi, vec, x[u][0]);
+      load4(row, v + kMassBlock / 2, hi, vec, x[u][1]);
+    }
+#pragma unroll
+    for (int u = 0; u < kScreenBlocksInFlight; ++u) {
+      int64_t mass = 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mass += fixed_point(weight(x[u][h][j], max_logit, scale), kFixedScale);
+      }
+      fixed += mass;
+      if (block_masses != nullptr) {
+        for (int offset = 16; offset > 0; offset /= 2) mass += __shfl_xor_sync(kFullMask, mass, offset);
+        const int64_t k = first + u * kWarps;
+        if (lane == 0 && k < blocks) block_masses[k] = mass;
+      }
+    }
+  }
+  const float z = repro::mul(__ll2float_rn(reducer.sum(cluster, fixed)), 1.0f / kFixedScale);
+  if (first_thread) {
+    out->max_logit = max_logit;
+    out->argmax = static_cast<int32_t>(argmax);
+    out->kth = -INFINITY;
+    out->z1 = z;
+    out->top_p_cut = 0;
+    out->z2 = z;
+  }
+  if (threadIdx.x == 0 && token >= lo && token < hi) {
+    out->p_token = repro::div(weight(sanitise(to_float(row[token])), max_logit, scale), z);
+  }
 }
 
 // A RowStats written in this launch by another CTA of the cluster: read from L2 (.cg), past

@@ -145,22 +145,25 @@ def test_bad_arguments_raise_named_errors():
 
 
 @pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
-def test_unvalidated_non_finite_logits_follow_the_documented_rule(device, backend):
+@pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
+def test_unvalidated_non_finite_logits_follow_the_documented_rule(device, backend, ngram, screen):
     """validate=False: NaN/inf logits count as -inf (probability 0), a row with none finite
-    emits token 0; the kernel agrees with the reference and never crashes."""
-    inputs = make_inputs([3, 2, 0], 16, seed=12, greedy_fraction=0.3)
+    emits token 0; the kernel agrees with the reference and never crashes (tokens only:
+    the screened paths too)."""
+    inputs = make_inputs([3, 2, 0], 16, seed=12, ngram=ngram, greedy_fraction=0.3)
     inputs["target_logits"][0, :5] = float("nan")
     inputs["target_logits"][1, :] = float("inf")
     inputs["target_logits"][3, 2] = float("-inf")
     inputs["bonus_logits"][2, :] = float("nan")
     assert_matches_reference(inputs, 3, device, backend, validate=False)
+    assert_tokens_match_reference(inputs, 3, device, backend, validate=False)
 
 
-def assert_tokens_match_reference(inputs, max_spec_len, device, backend):
+def assert_tokens_match_reference(inputs, max_spec_len, device, backend, validate=True):
     """As assert_matches_reference, without log-probabilities: the path on which the Triton
     kernel settles acceptance tests from approximate normalisers (verify_screen.py)."""
     expected = reference_verify(**inputs, max_spec_len=max_spec_len)
-    got = specops.verify(*on(inputs, device).values(), max_spec_len, False, backend=backend)
+    got = specops.verify(*on(inputs, device).values(), max_spec_len, False, backend=backend, validate=validate)
     for name, g, e in zip(("output_token_ids", "num_accepted"), got, expected):
         assert torch.equal(g.cpu(), e), f"{name} differs:\n{g}\n{e}"
 
@@ -433,12 +436,16 @@ def test_gpu_cuda_graph_replays_draw_fresh_numbers(device, backend, return_logpr
         (200000, [2, 1], torch.bfloat16),  # 16 (a slice of 8 would not fit in shared memory)
     ],
 )
-def test_gpu_every_cluster_size_matches_reference(device, backend, vocab, counts, dtype):
+def test_gpu_every_cluster_size_matches_reference(device, backend, vocab, counts, dtype, monkeypatch):
+    """The cluster sizes of the two full passes (in the comments), then tokens-only calls
+    forced onto the screened path, whose one-wave rule picks 1, 2, 4, 8, 16, 16 here."""
     for ngram in (False, True):
         inputs = make_inputs(counts, vocab, seed=vocab, ngram=ngram, dtype=dtype, greedy_fraction=0.25)
         assert_matches_reference(inputs, max(counts) + 1, device, backend)
         inputs = make_inputs(counts, vocab, seed=vocab, ngram=ngram, dtype=dtype, greedy_fraction=0.25, with_top=False)
-        assert_tokens_match_reference(inputs, max(counts) + 1, device, backend)  # screened
+        with monkeypatch.context() as patch:
+            patch.setenv("SPECOPS_VERIFY_SCREEN", "1")
+            assert_tokens_match_reference(inputs, max(counts) + 1, device, backend)
 
 
 @pytest.mark.gpu
