@@ -203,6 +203,22 @@ __device__ __forceinline__ BlockRange block_range(int64_t g, int64_t blocks, int
   return BlockRange{begin, min(begin + kMassBlock, slice_hi)};
 }
 
+// Within one lane's 8 consecutive entries from v0 (those below `end`) of masses m: the
+// index of the entry whose mass holds `offset`, given the masses `below` the lane's
+// first; -1 if none does.
+__device__ __forceinline__ int entry_holding(const int64_t (&m)[8], int64_t v0, int64_t end, int64_t below,
+                                             int64_t offset) {
+  int hit = -1;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (hit < 0 && v0 + j < end) {
+      below += m[j];
+      if (below > offset) hit = j;
+    }
+  }
+  return hit;
+}
+
 // Shared state of the residual proposals (header, 2).
 struct Proposals {
   uint64_t x[kProposals];       // the 64-bit draw that picks proposal t
@@ -268,22 +284,17 @@ __device__ int64_t propose_residual(const SampledRow<scalar_t>& masses,
     if (lane == pick_lane(lane_inclusive, offset, 32)) {
       // x_t is the entry whose mass holds the offset; none is found (and the proposal is
       // rejected) only if pass 1's block masses and these terms disagree.
-      int64_t cumulative = lane_inclusive - lane_mass;
-      bool found = false;
+      const int hit = entry_holding(m, v0, end, lane_inclusive - lane_mass, offset);
       int32_t token = -1;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (!found && v0 + j < end) {
-          cumulative += m[j];
-          if (cumulative > offset) {
-            found = true;
-            // Signed comparison, as the reference's: a NaN residual (NaN draft prob)
-            // converts to INT64_MIN and rejects.
-            const int64_t residual = fixed_point(residual_weight(w[j], masses.q[v0 + j], masses.st.z2), kFixedScale);
-            if (static_cast<int64_t>(__umul64hi(s.y[t], static_cast<uint64_t>(m[j]))) < residual) {
-              token = static_cast<int32_t>(v0 + j);
-              s.z[t] = z[j];
-            }
+      for (int j = 0; j < 8; ++j) {  // unrolled: the arrays stay in registers
+        if (j == hit) {
+          // Signed comparison, as the reference's: a NaN residual (NaN draft prob)
+          // converts to INT64_MIN and rejects.
+          const int64_t residual = fixed_point(residual_weight(w[j], masses.q[v0 + j], masses.st.z2), kFixedScale);
+          if (static_cast<int64_t>(__umul64hi(s.y[t], static_cast<uint64_t>(m[j]))) < residual) {
+            token = static_cast<int32_t>(v0 + j);
+            s.z[t] = z[j];
           }
         }
       }
@@ -344,21 +355,17 @@ __device__ int64_t draw_from_blocks(const SampledRow<scalar_t>& masses, const in
   const int owner = pick_lane(lane_inclusive, offset, 32);
   // The entry whose mass holds the offset; the block's last entry only if the stored
   // masses and these terms disagree (never with valid inputs).
-  int64_t token = end - 1, cumulative = lane_inclusive - lane_mass;
+  const int entry = entry_holding(m, v0, end, lane_inclusive - lane_mass, offset);
+  int64_t token = end - 1;
   float token_logit = 0.f;
-  bool found = false;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    if (!found && v0 + j < end) {
-      cumulative += m[j];
-      if (cumulative > offset) {
-        found = true;
-        token = v0 + j;
-        token_logit = z[j];
-      }
+  for (int j = 0; j < 8; ++j) {  // unrolled: the arrays stay in registers
+    if (j == entry) {
+      token = v0 + j;
+      token_logit = z[j];
     }
   }
-  const bool hit = __ballot_sync(kFullMask, lane == owner && found) != 0;
+  const bool hit = __ballot_sync(kFullMask, lane == owner && entry >= 0) != 0;
   token = __shfl_sync(kFullMask, token, owner);
   token_logit = __shfl_sync(kFullMask, token_logit, owner);
   if (!hit) {
