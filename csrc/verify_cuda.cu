@@ -464,7 +464,8 @@ void configure_kernels(int device) {
 // part of one in registers) and, past C = 1, at least kMinScreenSlice. Every CTA runs a
 // long fixed part (the walk, the cluster reductions, the proposals) besides its slice,
 // and a cluster left to a second wave doubles it: H100, B=16 k=4 V=128256 random, C=16
-// (14 clusters resident) 77.4 us a graph replay, C=8 61.2 (bench/NOTES.md).
+// (14 clusters resident at 2 CTAs an SM, before the 3-CTA bound below) 77.4 us a graph
+// replay, C=8 61.2 (bench/NOTES.md).
 constexpr int64_t kMinScreenSlice = 2048;
 template <typename scalar_t>
 int screened_cluster_size(int64_t vocab, int64_t batch, int device) {

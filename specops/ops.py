@@ -32,12 +32,15 @@ NO_CUDA_KERNEL = (Backend.CUDA,)
 CUDA_VERIFY_MAX_VOCAB = 16 * 96 * 1024 // 4
 # Logits (target and bonus rows x vocab) from which an eager verify call runs the Triton
 # kernel by default: its GPU time, below the CUDA kernel's, then outweighs its host time
-# (~0.35 ms of launches, ~1 ms with top-k / top-p). H100, eager, CUDA / Triton µs
-# (bench/results/verify-h100-20261126.json): tokens only (the CUDA kernel's screened
-# path) 186 / 676 at 41M logits (B=64, k=4, V=128256), 276 / 368 at 88M (B=64, k=8,
-# V=151936), 616 / 364 at 164M (B=256); with log-probabilities (the CUDA kernel's two full
-# passes, as before that path) 238 / 413 at 41M, 558 / 375 at 88M; with top-k and top-p
-# 413 / 1109 at 10M (B=16), 1471 / 1080 at 41M (B=64).
+# (~0.35 ms of launches, ~1 ms with top-k / top-p). H100, eager, CUDA / Triton µs: tokens
+# only (the CUDA kernel's screened path) 164 / 590 at 41M logits (B=64, k=4, V=128256),
+# 255 / 703 at 88M (B=64, k=8, V=151936), 534 / 392 at 164M (B=256)
+# (bench/results/verify-h100-20261126.json, f842b85); with log-probabilities (the CUDA
+# kernel's two full passes) 238 / 413 at 41M, 558 / 375 at 88M (the run at 6b2cdac); with
+# top-k and top-p 413 / 1109 at 10M (B=16), 1471 / 1080 at 41M (B=64) (the run at
+# f3e011c; both runs in git history). The Triton kernel's eager host time moves between
+# processes: f842b85's run read top-k and top-p at 41M as 1480 / 2267, against the
+# filtered threshold below (not re-measured since).
 TRITON_EAGER_MIN_LOGITS = 128 << 20
 TRITON_EAGER_MIN_LOGITS_LOGPROBS = 64 << 20
 TRITON_EAGER_MIN_LOGITS_FILTERED = 32 << 20
