@@ -1,0 +1,66 @@
+"""Eager specops.verify, the CUDA kernel against the Triton kernel, on a GPU: where the
+eager default (specops/ops.py, TRITON_EAGER_MIN_LOGITS*) should switch to Triton.
+
+Both backends run each call in turn over ROUNDS rounds in one process (the Triton call's
+host time moves between processes); the tokens of the two are checked equal first.
+Rows: tokens only, with log-probabilities, and with top-k 50 + top-p 0.9, at k = 4,
+V = 128256, random requests, batches on either side of each threshold.
+
+    python3 bench/eager_crossover.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import common
+import torch
+from bench_sampling import make_inputs
+from bench_verify import verify_args
+
+import specops
+
+ROUNDS = 5
+# (B, top_k, top_p, return_logprobs)
+CASES = ([(B, 50, 0.9, False) for B in (8, 16, 32, 48, 64, 96)]
+         + [(B, None, None, False) for B in (128, 160, 208, 256)]
+         + [(B, None, None, True) for B in (64, 96, 128)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--out", default=None, help="folder for eager-crossover.json")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    k, V = 4, 128256
+    rows = []
+    for B, top_k, top_p, logprobs in CASES:
+        x = make_inputs(B, k, V, "random", device, for_flashinfer=False)
+        call_args = verify_args(x, device, top_k, top_p)
+        calls = {backend: (lambda backend=backend: specops.verify(*call_args, return_logprobs=logprobs,
+                                                                   backend=backend, validate=False))
+                 for backend in ("cuda", "triton")}
+        if not torch.equal(calls["cuda"]()[0], calls["triton"]()[0]):
+            raise AssertionError(f"B={B}: the CUDA and Triton tokens differ")
+        times = {backend: [] for backend in calls}
+        for _ in range(ROUNDS):
+            for backend, fn in calls.items():
+                times[backend].append(common.time_us(fn, device, iters=args.iters))
+        row = {"B": B, "k": k, "V": V, "logits_mi": round(B * (k + 1) * V / 2**20, 1),
+               "filtered": top_k is not None, "logprobs": logprobs,
+               **{f"{backend}_us": round(statistics.median(ts), 1) for backend, ts in times.items()},
+               **{f"{backend}_rounds_us": [round(t) for t in ts] for backend, ts in times.items()}}
+        print(row, flush=True)
+        rows.append(row)
+        del x, call_args
+        torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out, "eager-crossover.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
