@@ -32,19 +32,18 @@ NO_CUDA_KERNEL = (Backend.CUDA,)
 CUDA_VERIFY_MAX_VOCAB = 16 * 96 * 1024 // 4
 # Logits (target and bonus rows x vocab) from which an eager verify call runs the Triton
 # kernel by default: its GPU time, below the CUDA kernel's, then outweighs its host time
-# (~0.33 ms of launches, ~1 ms with top-k / top-p). H100, eager, one process, the two
-# backends in turn over 5 rounds (bench/NOTES.md, 2026-11-26, at d8cf67b; k=4,
-# V=128256, random; Mi = 2^20 logits), CUDA / Triton µs: tokens only 237 / 335 at 78 Mi,
-# 351 / 330 at 98 Mi, 397 / 344 at 127 Mi, 455 / 344 at 157 Mi; with log-probabilities
-# 249 / 328 at 39 Mi, 347 / 328 at 59 Mi, 454 / 340 at 78 Mi; with top-k 50 and top-p 0.9
-# 775 / 1068 at 20 Mi, 1109 / 1019 at 29 Mi, 1481 / 1017 at 39 Mi, 2120 / 1260 at 59 Mi.
-# The CUDA kernel's time grows linearly (5-6 µs a Mi, 34 filtered), the Triton call's
-# stays at its host time there: the thresholds sit at the interpolated crossings (95, 55
-# and 27 Mi), rounded up. The Triton call's host time moves between processes (the filtered
-# 39 Mi call read 2267 µs in f842b85's bench run, 1080 in f3e011c's), so they are rough.
-TRITON_EAGER_MIN_LOGITS = 96 << 20
+# (~0.33-0.7 ms of launches, ~1-2 ms with top-k / top-p). bench/eager_crossover.py (H100,
+# 2026-11-26, k=4, V=128256, random; Mi = 2^20 logits; the backends in turn over 5 rounds
+# in one process, two processes), CUDA / Triton µs, first / second process: tokens only
+# 237 / 335, 362 at 78 Mi, 351 / 330, 711 at 98 Mi, 397 / 344, 563 at 127 Mi, 455 / 344,
+# 363 at 157 Mi; with log-probabilities 249 / 328, 399 at 39 Mi, 347-358 / 328, 344 at 59
+# Mi; with top-k 50 and top-p 0.9 775 / 1068, 1143 at 20 Mi, 1110 / 1019, 1208 at 29 Mi,
+# 1481 / 1017, 1945 at 39 Mi, 2122 / 1260, 1267 at 59 Mi. The CUDA kernel's time is its
+# GPU time, the same in both; the Triton call's host time doubled in the second process.
+# Each threshold sits where the CUDA time crosses the mean of the two Triton readings.
+TRITON_EAGER_MIN_LOGITS = 128 << 20
 TRITON_EAGER_MIN_LOGITS_LOGPROBS = 56 << 20
-TRITON_EAGER_MIN_LOGITS_FILTERED = 28 << 20
+TRITON_EAGER_MIN_LOGITS_FILTERED = 32 << 20
 
 
 def triton_faster_eagerly(num_logits: int, filtered: bool, return_logprobs: bool = False) -> bool:
@@ -292,8 +291,8 @@ def verify(
     reference. On CUDA tensors the default is the CUDA kernel (the faster one called
     eagerly on small calls: the Triton launch costs more host time), and the Triton kernel
     while a CUDA graph is being captured (replayed, it is faster: bench/NOTES.md), for
-    calls of many logits (``triton_faster_eagerly``: from 96 Mi logits, 56 Mi with
-    log-probabilities, 28 Mi with top-k or top-p), for a larger vocabulary and on an older GPU.
+    calls of many logits (``triton_faster_eagerly``: from 128 Mi logits, 56 Mi with
+    log-probabilities, 32 Mi with top-k or top-p), for a larger vocabulary and on an older GPU.
     """
     device = target_logits.device
     # The default skips the CUDA kernel where it cannot run (vocabulary, GPU) and where
