@@ -339,6 +339,45 @@ def cuda_paged_attention_covers(query: torch.Tensor, key_cache: torch.Tensor) ->
     )
 
 
+# Bytes of keys and values a paged_attention call can address (B x max_blocks x block_size
+# x Hkv x D x 2 x the element size) up to which an eager call runs the CUDA kernel by
+# default: its host time is lower than the Triton call's (~35-65 µs against ~120-310 µs on
+# the H100), which outweighs its GPU time (1.02-1.17x the Triton kernel's; faster past ~64
+# query rows). bench/eager_attention.py (H100, 2026-11-26, bf16, GQA 32/8, the backends in
+# turn in one process, eager µs CUDA / Triton): D=128 decode 35 / 153 (B=1 L=4096, 16 MiB),
+# 106 / 314 (B=16 L=4096, 256 MiB), 105 / 239 (B=64 L=1024), 153 / 244 (B=96 L=1024, 384
+# MiB), 197-200 / 236 (512 MiB), 382 / 360 (B=64 L=4096, 1 GiB); verify (q_len 5) 65 / 312
+# (B=1), 115 / 202 (B=64 L=1024), 167 / 183 (384 MiB), 207-217 / 187-192 (512 MiB); D=64
+# decode 109 / 119 (256 MiB), 222 / 195 (512 MiB); prefill-like 245 / 269 (B=4 q_len 128),
+# 130 / 285 (B=1 q_len 512). The threshold is the largest size where the CUDA call won
+# every comparison. Graph capture (and torch.compile) keep the Triton kernel.
+CUDA_ATTENTION_EAGER_MAX_BYTES = 384 << 20
+
+
+def cuda_attention_faster_eagerly(query: torch.Tensor, key_cache: torch.Tensor, block_table: torch.Tensor) -> bool:
+    """Whether an eager paged_attention call of these shapes runs faster on the CUDA kernel
+    than on the Triton kernel: a covered case (``cuda_paged_attention_covers``) whose block
+    table addresses at most CUDA_ATTENTION_EAGER_MAX_BYTES of keys and values."""
+    if query.dim() != 3 or key_cache.dim() != 4 or block_table.dim() != 2:
+        return False  # malformed: the Triton path's checks name the argument
+    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    reach = block_table.shape[0] * block_table.shape[1] * block_size * num_kv_heads * head_dim * 2
+    return (cuda_paged_attention_covers(query, key_cache) and num_kv_heads > 0
+            and reach * key_cache.element_size() <= CUDA_ATTENTION_EAGER_MAX_BYTES)
+
+
+def _cuda_attention_by_default(query, key_cache, value_cache, block_table) -> bool:
+    """The eager default's choice of the CUDA kernel (sm_90+, built, the kernel's 16-byte
+    alignment, shapes where it is faster eagerly); never while a graph is captured or
+    torch.compile traces (no data pointers there)."""
+    device = query.device
+    if device.type != "cuda" or torch.compiler.is_compiling() or _capturing_cuda_graph():
+        return False
+    return (_cuda_major(device.index) >= 9
+            and all(t.data_ptr() % 16 == 0 for t in (query, key_cache, value_cache))
+            and cuda_attention_faster_eagerly(query, key_cache, block_table))
+
+
 def reshape_and_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -428,16 +467,20 @@ def paged_attention(
     >>> out.shape
     torch.Size([3, 8, 64])
 
-    Backends: the Triton kernel (every case; the default on CUDA tensors), the CUDA kernel
-    (float16/bfloat16, head dims 64/128/256, GQA groups up to 16, see
-    ``cuda_paged_attention_covers``; ``backend="cuda"`` outside that coverage raises an
-    error naming the argument), the C++ CPU kernel and the reference. The CUDA kernel is
-    not the default: it measured slower than the Triton kernel at the benchmark shapes
-    (1.01-1.17x its time at B >= 16 and 1.34-1.48x at B=1 in GPU time on the H100,
-    bench/NOTES.md).
+    Backends: the Triton kernel (every case), the CUDA kernel (float16/bfloat16, head dims
+    64/128/256, GQA groups up to 16, see ``cuda_paged_attention_covers``; ``backend="cuda"``
+    outside that coverage raises an error naming the argument), the C++ CPU kernel and the
+    reference. On CUDA tensors the default is the Triton kernel inside CUDA-graph capture
+    and torch.compile (its GPU time is lower: the CUDA kernel takes 1.01-1.17x its time at
+    B >= 16 and 1.34-1.48x at B=1 on the H100, bench/NOTES.md), and for eager calls the
+    CUDA kernel where it covers the case and the block table addresses at most 384 MiB of
+    keys and values (``cuda_attention_faster_eagerly``: its lower host time wins there),
+    else the Triton kernel.
     """
     device = query.device
-    chosen = resolve(backend, device, op="paged_attention", missing=NO_CUDA_KERNEL if backend is None else ())
+    prefer_cuda = backend is None and _cuda_attention_by_default(query, key_cache, value_cache, block_table)
+    chosen = resolve(backend, device, op="paged_attention",
+                     missing=NO_CUDA_KERNEL if backend is None and not prefer_cuda else ())
     if chosen is Backend.REFERENCE:  # the kernels check their arguments; the reference is plain PyTorch
         _checks.check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
                                       sliding_window, soft_cap, max_query_len)

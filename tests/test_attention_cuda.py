@@ -1,6 +1,6 @@
 """The CUDA paged-attention kernels beyond the shared op tests (test_attention_ops.py,
 test_attention_triton.py): which cases the CUDA kernel covers and the Triton fallback for
-the rest; on a GPU, split-KV (small batches over long contexts, more splits than tiles),
+the rest; which eager calls take it by default; on a GPU, split-KV (small batches over long contexts, more splits than tiles),
 row chunks (long query runs, GQA groups that do not divide the 16-row tile), inputs that
 skipped validation against the C++ CPU kernel, cache writes of any row size and alignment,
 and opcheck on CUDA tensors.
@@ -44,6 +44,68 @@ def test_coverage_of_the_cuda_kernel(dtype, head_dim, num_heads, num_kv_heads, c
     query = torch.empty(3, num_heads, head_dim, dtype=dtype, device="meta")
     key_cache = torch.empty(4, 16, num_kv_heads, head_dim, dtype=dtype, device="meta")
     assert cuda_paged_attention_covers(query, key_cache) is covered
+
+
+@pytest.mark.parametrize(
+    "dtype,batch,context,head_dim,num_kv_heads,cuda",
+    [
+        (torch.bfloat16, 1, 4096, 128, 8, True),  # 16 MiB: eager 35 / 153 µs (bench/NOTES.md)
+        (torch.bfloat16, 96, 1024, 128, 8, True),  # 384 MiB: 153 / 244
+        (torch.bfloat16, 64, 2048, 128, 8, False),  # 512 MiB: verify 207 / 187
+        (torch.bfloat16, 64, 4096, 128, 8, False),  # 1 GiB: 382 / 360
+        (torch.float16, 128, 1024, 64, 8, True),  # 256 MiB: 109 / 119
+        (torch.float16, 64, 4096, 64, 8, False),  # 512 MiB: 222 / 195
+        (torch.float32, 1, 4096, 128, 8, False),  # not covered
+        (torch.bfloat16, 1, 4096, 64, 1, False),  # group 32: not covered
+    ],
+)
+def test_eager_default_takes_the_cuda_kernel_up_to_its_crossover(dtype, batch, context, head_dim, num_kv_heads,
+                                                                  cuda):
+    """specops.ops.cuda_attention_faster_eagerly at the measured shapes (32 query heads,
+    block 16): by the keys and values the block table addresses."""
+    query = torch.empty(batch, 32, head_dim, dtype=dtype, device="meta")
+    key_cache = torch.empty(8, 16, num_kv_heads, head_dim, dtype=dtype, device="meta")
+    block_table = torch.empty(batch, context // 16, dtype=torch.int32, device="meta")
+    assert specops.ops.cuda_attention_faster_eagerly(query, key_cache, block_table) is cuda
+
+
+@pytest.mark.gpu
+@requires_cuda_kernels
+def test_gpu_eager_default_backend(monkeypatch):
+    """On the GPU: a small eager bfloat16 call runs the CUDA kernel by default (its result
+    is the CUDA kernel's, bit for bit); the same call captured in a CUDA graph, one whose
+    block table addresses past the crossover, and one misaligned for the CUDA kernel run
+    the Triton kernel."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the eager default takes the CUDA kernel on sm_90+ only")
+    chosen = []
+    op = specops.ops._op
+    monkeypatch.setattr(specops.ops, "_op", lambda name, backend: chosen.append(backend) or op(name, backend))
+    inputs = on_gpu(make_batch([300, 17], [5, 1], 8, 2, 128, 16, torch.bfloat16, seed=45))
+    got = specops.paged_attention(*inputs.values(), 0.1, 0, 0.0, True)
+    cuda = specops.paged_attention(*inputs.values(), 0.1, 0, 0.0, True, backend="cuda")
+    assert chosen == [Backend.CUDA, Backend.CUDA]
+    assert torch.equal(got[0], cuda[0]) and torch.equal(got[1], cuda[1])
+    check_against_reference(inputs, got, 0.1)
+
+    specops.paged_attention(*inputs.values(), 0.1, 0, 0.0, True, backend="triton")  # compiled before capture
+    chosen.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        specops.paged_attention(*inputs.values(), 0.1, 0, 0.0, True)
+    assert chosen == [Backend.TRITON]
+
+    chosen.clear()
+    wide = dict(inputs)  # same keys; the table's extra columns (never read) reach 512 MiB
+    columns = (512 << 20) // (2 * 2 * 16 * 2 * 128 * 2) + 1
+    wide["block_table"] = torch.cat([inputs["block_table"], inputs["block_table"][:, :1].expand(2, columns)], 1)
+    wide_out = specops.paged_attention(*wide.values(), 0.1, 0, 0.0, True)
+    check_against_reference(inputs, wide_out, 0.1)
+
+    storage = torch.empty(inputs["query"].numel() + 1, dtype=torch.bfloat16, device="cuda")
+    misaligned = dict(inputs, query=storage[1:].view_as(inputs["query"]).copy_(inputs["query"]))
+    specops.paged_attention(*misaligned.values(), 0.1, 0, 0.0, True)
+    assert chosen == [Backend.TRITON, Backend.TRITON]
 
 
 def poison_cuda_allocator(nbytes: int = 64 << 20) -> None:
