@@ -18,6 +18,7 @@ from pathlib import Path
 
 import common
 import torch
+from bench_verify import graph_time_us
 from sweep_attention import inputs
 
 import specops
@@ -29,18 +30,6 @@ SHAPES = [(B, L, q, 32, 8, 128) for q in (1, 5) for B, L in
 SHAPES += [(1, 4096, 1, 32, 8, 64), (32, 1024, 5, 32, 8, 64), (64, 1024, 1, 32, 8, 64), (128, 1024, 1, 32, 8, 64),
            (64, 4096, 1, 32, 8, 64), (4, 4096, 128, 32, 8, 128), (1, 2048, 512, 32, 8, 128),
            (16, 1024, 64, 32, 8, 128)]
-
-
-def graph_us(fn, device, iters):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return common.time_us(graph.replay, device, iters=iters, queued=True)
 
 
 def main() -> None:
@@ -66,7 +55,8 @@ def main() -> None:
         kv_mib = 2 * B * call_args[3].shape[1] * 16 * Hkv * D * 2 / 2**20
         row = {"B": B, "L": L, "q_len": q_len, "Hq": Hq, "Hkv": Hkv, "D": D, "kv_mib": round(kv_mib, 1),
                **{f"{backend}_us": round(statistics.median(ts), 1) for backend, ts in times.items()},
-               **{f"{backend}_graph_us": round(graph_us(fn, device, args.iters), 1) for backend, fn in calls.items()},
+               **{f"{backend}_graph_us": round(graph_time_us(fn, device, args.iters, queued=True), 1)
+                  for backend, fn in calls.items()},
                **{f"{backend}_rounds_us": [round(t) for t in ts] for backend, ts in times.items()}}
         print(row, flush=True)
         rows.append(row)
