@@ -360,7 +360,7 @@ def cuda_attention_faster_eagerly(query: torch.Tensor, key_cache: torch.Tensor, 
     table addresses at most CUDA_ATTENTION_EAGER_MAX_BYTES of keys and values."""
     if query.dim() != 3 or key_cache.dim() != 4 or block_table.dim() != 2:
         return False  # malformed: the Triton path's checks name the argument
-    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    _, block_size, num_kv_heads, head_dim = key_cache.shape
     reach = block_table.shape[0] * block_table.shape[1] * block_size * num_kv_heads * head_dim * 2
     return (cuda_paged_attention_covers(query, key_cache) and num_kv_heads > 0
             and reach * key_cache.element_size() <= CUDA_ATTENTION_EAGER_MAX_BYTES)

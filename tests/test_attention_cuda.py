@@ -1,9 +1,9 @@
 """The CUDA paged-attention kernels beyond the shared op tests (test_attention_ops.py,
 test_attention_triton.py): which cases the CUDA kernel covers and the Triton fallback for
-the rest; which eager calls take it by default; on a GPU, split-KV (small batches over long contexts, more splits than tiles),
-row chunks (long query runs, GQA groups that do not divide the 16-row tile), inputs that
-skipped validation against the C++ CPU kernel, cache writes of any row size and alignment,
-and opcheck on CUDA tensors.
+the rest; which eager calls take it by default; on a GPU, split-KV (small batches over
+long contexts, more splits than tiles), row chunks (long query runs, GQA groups that do
+not divide the 16-row tile), inputs that skipped validation against the C++ CPU kernel,
+cache writes of any row size and alignment, and opcheck on CUDA tensors.
 
 The launcher picks the row tile and the split count from shapes alone, so the cases below
 are chosen to reach each path: one sequence over thousands of keys splits 16 to 32 ways;
