@@ -219,6 +219,14 @@ def test_plan_with_max_query_len_hint():
     assert (head_dim_64.num_splits, head_dim_64.num_stages) == (2, 3)
     decode = plan_paged_attention(16, 16, 32, 8, 128, 4096, 132)
     assert (decode.block_m, decode.num_splits, decode.block_n, decode.num_stages) == (16, 2, 128, 2)
+    # Whole-sequence decode tiles: 128-key tiles up to two programs an SM (B x Hkv <= 264),
+    # 64-key tiles above (H100 sweep, bench/NOTES.md)
+    for batch, head_dim, wide in ((20, 128, (128, 2)), (33, 128, (128, 2)), (32, 64, (128, 3)),
+                                  (34, 128, (64, 3)), (64, 128, (64, 3))):
+        decode = plan_paged_attention(batch, batch, 32, 8, head_dim, 16384, 132)
+        assert (decode.num_splits, decode.block_n, decode.num_stages) == (1, *wide), (batch, head_dim)
+    mha = plan_paged_attention(16, 16, 32, 32, 128, 4096, 132)  # 512 programs
+    assert (mha.block_n, mha.num_stages) == (64, 3)
 
 
 @pytest.mark.parametrize("device,backend", TRITON_PARAMS)

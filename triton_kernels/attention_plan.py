@@ -101,13 +101,17 @@ def plan_paged_attention(
             wanted = PROGRAMS_PER_MULTIPROCESSOR * num_multiprocessors // programs
             num_splits = max(1, min(wanted, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
     alone = alone and num_splits == 1
-    # Keys per step (H100 sweep over the ANCHORS shapes, bench/NOTES.md): 128-key tiles, two
-    # stages deep, where the tile has 32 rows (verify: 8 rows x a GQA group of 4) or the
-    # sequence is split (small batches); 64-key tiles, three deep, for a 16-row decode tile
-    # over whole sequences and for 64-row tiles. K and V tiles x stages stay <= 128 KB (bf16):
-    # wide tiles go three deep at head dim <= 64 (B=32 L=1024 D=64 verify: 33.4 µs vs 38.3)
-    # and where a program has an SM to itself (above).
-    wide = block_d <= 128 and (block_m == 32 or (num_splits > 1 and block_m <= 32))
+    # Keys per step (H100 sweeps over the ANCHORS shapes, bench/NOTES.md): 128-key tiles, two
+    # stages deep, where the tile has 32 rows (verify: 8 rows x a GQA group of 4) or the grid
+    # holds at most two programs an SM (split small batches, and 16-row decode tiles of
+    # B x Hkv <= 264 on an H100: B=32 L=16384 decode 711 µs against 744 with 64-key tiles,
+    # B=20 484 against 587); 64-key tiles, three deep, for 16-row decode tiles of larger
+    # grids (B=40 L=4096: 232 µs against 235, B=64 L=1024: 96 against 102) and for 64-row
+    # tiles. K and V tiles x stages stay <= 128 KB (bf16): wide tiles go three deep at head
+    # dim <= 64 (B=32 L=1024 D=64 verify: 33.4 µs vs 38.3) and where a program has an SM to
+    # itself (above).
+    few = programs * num_splits <= PROGRAMS_PER_MULTIPROCESSOR * num_multiprocessors
+    wide = block_d <= 128 and (block_m == 32 or (block_m <= 32 and few))
     if wide:
         block_n, num_stages = 128, 3 if block_d <= 64 or alone else 2
     elif block_d <= 128:
