@@ -227,6 +227,9 @@ def test_plan_with_max_query_len_hint():
         assert (decode.num_splits, decode.block_n, decode.num_stages) == (1, *wide), (batch, head_dim)
     mha = plan_paged_attention(16, 16, 32, 32, 128, 4096, 132)  # 512 programs
     assert (mha.block_n, mha.num_stages) == (64, 3)
+    for batch, element_size, tile in ((24, 2, (64, 3)), (32, 2, (64, 3)), (64, 2, (32, 2)), (24, 4, (32, 2))):
+        large_heads = plan_paged_attention(batch, batch, 32, 8, 256, 8192, 132, element_size=element_size)
+        assert (large_heads.block_n, large_heads.num_stages) == tile, (batch, element_size)  # head dim 256
 
 
 @pytest.mark.parametrize("device,backend", TRITON_PARAMS)

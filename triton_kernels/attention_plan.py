@@ -116,6 +116,10 @@ def plan_paged_attention(
         block_n, num_stages = 128, 3 if block_d <= 64 or alone else 2
     elif block_d <= 128:
         block_n, num_stages = 64, 3
+    elif block_m <= 32 and few and element_size <= 2:
+        # Head dim 256 over a grid of at most two programs an SM: 64-key tiles three deep
+        # (B=24 L=8192 decode: 546 µs against 593 with 32-key tiles; B=32 714 against 729).
+        block_n, num_stages = 64, 3
     else:
         block_n, num_stages = 32, 2
     return AttentionLaunch(
