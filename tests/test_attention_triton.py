@@ -221,12 +221,16 @@ def test_plan_with_max_query_len_hint():
     assert (decode.block_m, decode.num_splits, decode.block_n, decode.num_stages) == (16, 2, 128, 2)
     # Whole-sequence decode tiles: 128-key tiles up to two programs an SM (B x Hkv <= 264),
     # 64-key tiles above (H100 sweep, bench/NOTES.md)
-    for batch, head_dim, wide in ((20, 128, (128, 2)), (33, 128, (128, 2)), (32, 64, (128, 3)),
+    for batch, head_dim, wide in ((22, 128, (128, 2)), (33, 128, (128, 2)), (32, 64, (128, 3)),
                                   (34, 128, (64, 3)), (64, 128, (64, 3))):
         decode = plan_paged_attention(batch, batch, 32, 8, head_dim, 16384, 132)
         assert (decode.num_splits, decode.block_n, decode.num_stages) == (1, *wide), (batch, head_dim)
     mha = plan_paged_attention(16, 16, 32, 32, 128, 4096, 132)  # 512 programs
     assert (mha.block_n, mha.num_stages) == (64, 3)
+    # 16-row decode tiles of 1-1.25 programs an SM split in two, above not; verify tiles not
+    for batch, q_len, splits in ((18, 1, 2), (20, 1, 2), (21, 1, 1), (24, 1, 1), (18, 5, 1)):
+        launch = plan_paged_attention(q_len * batch, batch, 32, 8, 128, 16384, 132, max_query_len=q_len)
+        assert (launch.num_splits, launch.block_n) == (splits, 128), (batch, q_len)
     for batch, element_size, tile in ((24, 2, (64, 3)), (32, 2, (64, 3)), (64, 2, (32, 2)), (24, 4, (32, 2))):
         large_heads = plan_paged_attention(batch, batch, 32, 8, 256, 8192, 132, element_size=element_size)
         assert (large_heads.block_n, large_heads.num_stages) == tile, (batch, element_size)  # head dim 256

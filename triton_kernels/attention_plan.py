@@ -100,17 +100,23 @@ def plan_paged_attention(
             # at 2 splits, 122 at 3).
             wanted = PROGRAMS_PER_MULTIPROCESSOR * num_multiprocessors // programs
             num_splits = max(1, min(wanted, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+        elif (block_m == 16 and 64 < block_d <= 128 and element_size <= 2 and 4 * programs <= 5 * num_multiprocessors
+              and max_context >= 2 * MIN_KEYS_PER_SPLIT):
+            # 16-row decode tiles of 1-1.25 programs an SM: two splits (H100: B=18 L=16384
+            # 421 µs against 463, B=20 L=4096 123 against 129; at B=24, 1.45 an SM, within
+            # 1.5% either way; 32-row verify tiles lose 7-13% split: bench/NOTES.md).
+            num_splits = 2
     alone = alone and num_splits == 1
     # Keys per step (H100 sweeps over the ANCHORS shapes, bench/NOTES.md): 128-key tiles, two
     # stages deep, where the tile has 32 rows (verify: 8 rows x a GQA group of 4) or the grid
     # holds at most two programs an SM (split small batches, and 16-row decode tiles of
     # B x Hkv <= 264 on an H100: B=32 L=16384 decode 711 µs against 744 with 64-key tiles,
-    # B=20 484 against 587); 64-key tiles, three deep, for 16-row decode tiles of larger
+    # B=20 unsplit 484 against 587); 64-key tiles, three deep, for 16-row decode tiles of larger
     # grids (B=40 L=4096: 232 µs against 235, B=64 L=1024: 96 against 102) and for 64-row
     # tiles. K and V tiles x stages stay <= 128 KB (bf16): wide tiles go three deep at head
     # dim <= 64 (B=32 L=1024 D=64 verify: 33.4 µs vs 38.3) and where a program has an SM to
     # itself (above).
-    few = programs * num_splits <= PROGRAMS_PER_MULTIPROCESSOR * num_multiprocessors
+    few = programs <= PROGRAMS_PER_MULTIPROCESSOR * num_multiprocessors  # before any split
     wide = block_d <= 128 and (block_m == 32 or (block_m <= 32 and few))
     if wide:
         block_n, num_stages = 128, 3 if block_d <= 64 or alone else 2
