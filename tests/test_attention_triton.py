@@ -225,6 +225,11 @@ def test_plan_with_max_query_len_hint():
                                   (34, 128, (64, 3)), (64, 128, (64, 3))):
         decode = plan_paged_attention(batch, batch, 32, 8, head_dim, 16384, 132)
         assert (decode.num_splits, decode.block_n, decode.num_stages) == (1, *wide), (batch, head_dim)
+    for batch, tile in ((64, (128, 2)), (128, (128, 2)), (32, (128, 3))):  # head dim 64 decode
+        small_heads = plan_paged_attention(batch, batch, 32, 8, 64, 4096, 132)
+        assert (small_heads.num_splits, small_heads.block_n, small_heads.num_stages) == (1, *tile), batch
+    verify_64 = plan_paged_attention(320, 64, 32, 8, 64, 1024, 132, max_query_len=5)
+    assert (verify_64.block_m, verify_64.block_n, verify_64.num_stages) == (32, 128, 3)
     mha = plan_paged_attention(16, 16, 32, 32, 128, 4096, 132)  # 512 programs
     assert (mha.block_n, mha.num_stages) == (64, 3)
     # 16-row decode tiles of 1-1.25 programs an SM split in two, above not; verify tiles not
