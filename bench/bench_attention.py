@@ -20,7 +20,8 @@ around each replay as ANCHORS.md times them; a "cuda-graph" row also carries
 "us_graph_queued", the same replays with the GPU queue kept ahead of the host
 (common.time_us queued=True): the GPU time of a replay. The two differ only where a
 replay's GPU time is shorter than its host submission (the B = 1 rows), where the
-events-per-replay figure includes the wait for the host (bench/NOTES.md).
+events-per-replay figure includes the wait for the host (bench/NOTES.md); and
+"sm_clock_mhz", the SM clock read just after the replays (the B = 1 rows follow it).
 Floor (ANCHORS.md): K + V + Q + O bytes once, over the copy bandwidth measured in this run.
 
 Before timing, every impl's output is compared once per shape with a float32 eager result
@@ -186,12 +187,13 @@ class Runner:
         except Exception as error:  # noqa: BLE001 -- a missing or failing kernel: report, go on
             print(f"skipped {label}: {type(error).__name__}: {error}")
             return
-        queued_us = None
+        queued_us = clock = None
         if self.device.type == "cuda":
             try:
                 replay = graph_replay(fn)
                 timings["cuda-graph"] = common.time_us(replay, self.device, iters=self.iters)
                 queued_us = common.time_us(replay, self.device, iters=self.iters, queued=True)
+                clock = common.sm_clock_mhz(self.device)  # read just after the replays
             except Exception as error:  # noqa: BLE001 -- an uncapturable call keeps its eager row
                 torch.cuda.synchronize()
                 print(f"no CUDA graph for {label}: {type(error).__name__}: {error}")
@@ -204,6 +206,8 @@ class Runner:
                    "pct_copy_bw": round(100 * floor_us / us, 1), "max_err": float(f"{max_err:.3g}")}
             if stage == "cuda-graph" and queued_us is not None:
                 row["us_graph_queued"] = round(queued_us, 2)
+                if clock is not None:
+                    row["sm_clock_mhz"] = clock
             self.rows.append(row | ({"note": note.strip("; ")} if note else {}))
 
     def bench_shape(self, x: Batch, backends: list[str], flashinfer, decode_paths: tuple[str, ...]) -> None:

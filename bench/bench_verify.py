@@ -23,7 +23,8 @@ replayed (no Python or launch overhead; how an engine runs its step), timed as A
 times (events around each replay), and ``us_graph_queued``: the same replays with the GPU
 queue kept ahead of the host (common.time_us), the GPU's time alone. The two differ where a
 replay takes less GPU time than the host takes to submit it (B = 1: then each event
-interval holds the host's submission too, which moves between processes).
+interval holds the host's submission too, which moves between processes). ``sm_clock_mhz``:
+the SM clock read just after those replays (the B = 1 rows follow it, bench/NOTES.md).
 
 Before timing, each specops backend is checked against specops.reference.verify on the
 first requests of the batch (a seeded request's tokens do not depend on its batch).
@@ -151,6 +152,8 @@ def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters, top_k=None,
         if impl.startswith("specops") and device.type == "cuda":
             row["us_graph"] = round(graph_time_us(fn, device, iters), 2)
             row["us_graph_queued"] = round(graph_time_us(fn, device, iters, queued=True), 2)
+            if (clock := common.sm_clock_mhz(device)) is not None:
+                row["sm_clock_mhz"] = clock  # read just after the replays
         rows.append(row | ({"note": note} if note else {}))
 
     args = verify_args(x, device, top_k, top_p)

@@ -54,6 +54,18 @@ def time_us(fn: Callable[[], object], device: torch.device, warmup: int = 10, it
     return statistics.median(start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends))
 
 
+def sm_clock_mhz(device: torch.device) -> int | None:
+    """The GPU's SM clock now, in MHz (NVML, through torch.cuda.clock_rate); None off a GPU
+    or without NVML. Launch-bound rows (B = 1) follow it: 14.4 µs at 1980 MHz, 17-18 at
+    ~1500 after a matmul load (bench/NOTES.md), so rows record it beside their times."""
+    if device.type != "cuda":
+        return None
+    try:
+        return int(torch.cuda.clock_rate(device))
+    except Exception:  # noqa: BLE001 -- no NVML (pynvml or amdsmi) in this environment
+        return None
+
+
 def copy_bandwidth_tbs(device: torch.device) -> float:
     """Device-to-device copy bandwidth, bytes read + written, in TB/s (median of 10).
 
