@@ -12,7 +12,8 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
   pip_install "torch==2.13.0"
 fi
 "$PYTHON" -c "import triton" 2>/dev/null || pip_install "triton==3.6.0"
-pip_install pytest hypothesis scipy numpy pybind11 ninja setuptools wheel
+# pytest-xdist: the test command spreads the suite over the machine's cores (-n auto).
+pip_install pytest "pytest-xdist==3.8.0" hypothesis scipy numpy pybind11 ninja setuptools wheel
 # The engine reads checkpoints (safetensors) and tokenizers; its tests compare with transformers.
 pip_install "safetensors==0.8.0" "tokenizers==0.23.2" "transformers==5.17.0"
 # MAX_JOBS bounds ninja's parallel compiles (2 cores on CI).
