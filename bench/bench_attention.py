@@ -21,7 +21,8 @@ around each replay as ANCHORS.md times them; a "cuda-graph" row also carries
 (common.time_us queued=True): the GPU time of a replay. The two differ only where a
 replay's GPU time is shorter than its host submission (the B = 1 rows), where the
 events-per-replay figure includes the wait for the host (bench/NOTES.md); and
-"sm_clock_mhz", the SM clock read just after the replays (the B = 1 rows follow it).
+"sm_clock_mhz", the SM clock read just after the replays (launch-bound B = 1 rows slow
+down when it drops).
 Floor (ANCHORS.md): K + V + Q + O bytes once, over the copy bandwidth measured in this run.
 
 Before timing, every impl's output is compared once per shape with a float32 eager result

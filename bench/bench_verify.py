@@ -24,7 +24,8 @@ times (events around each replay), and ``us_graph_queued``: the same replays wit
 queue kept ahead of the host (common.time_us), the GPU's time alone. The two differ where a
 replay takes less GPU time than the host takes to submit it (B = 1: then each event
 interval holds the host's submission too, which moves between processes). ``sm_clock_mhz``:
-the SM clock read just after those replays (the B = 1 rows follow it, bench/NOTES.md).
+the SM clock read just after those replays (launch-bound B = 1 rows slow down when it
+drops; their time also grows ~0.6 µs with each draft accepted, bench/NOTES.md).
 
 Before timing, each specops backend is checked against specops.reference.verify on the
 first requests of the batch (a seeded request's tokens do not depend on its batch).

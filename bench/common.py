@@ -56,8 +56,9 @@ def time_us(fn: Callable[[], object], device: torch.device, warmup: int = 10, it
 
 def sm_clock_mhz(device: torch.device) -> int | None:
     """The GPU's SM clock now, in MHz (NVML, through torch.cuda.clock_rate); None off a GPU
-    or without NVML. Launch-bound rows (B = 1) follow it: 14.4 µs at 1980 MHz, 17-18 at
-    ~1500 after a matmul load (bench/NOTES.md), so rows record it beside their times."""
+    or without NVML. Launch-bound rows slow down when it drops (a B = 1 verify rejected at
+    step 0: 14.4 µs at 1980 MHz, 17-18 at ~1500 after a matmul load; bench/NOTES.md), so
+    rows record it beside their times."""
     if device.type != "cuda":
         return None
     try:
