@@ -14,14 +14,15 @@ import re
 import pytest
 import triton
 import triton.language as tl
-from specops.triton_kernels import verify_decide, verify_rows, verify_sample, verify_screen, verify_search
+from specops.triton_kernels import (verify_decide, verify_rows, verify_sample, verify_screen, verify_search,
+                                    verify_unscreened)
 from triton.backends.compiler import GPUTarget
 from uninterpreted import INTERPRETED, rerun_without_interpreter
 
 ROW_POINTERS = {"target_ptr": "*bf16", "bonus_ptr": "*bf16", "cu_ptr": "*i32", "part_arg_ptr": "*i32",
                 "draft_ptr": "*i64", "top_k_ptr": "*i32", "seeds_ptr": "*i64", "positions_ptr": "*i64",
                 "out_ptr": "*i32", "num_accepted_ptr": "*i32", "marked_ptr": "*i32", "resume_ptr": "*i32",
-                "sample_int_ptr": "*i64", "arrivals_ptr": "*i32",
+                "sample_int_ptr": "*i64", "arrivals_ptr": "*i32", "counters_ptr": "*i32",
                 "kept_ptr": "*i32", "kept_lanes_ptr": "*i32", "kept_meta_ptr": "*i64"}
 INT_POINTER_SUFFIXES = ("state_ptr", "agg_ptr", "sum_ptr", "sum2_ptr", "mass_ptr")
 SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_round", "num_splits", "sum_splits",
@@ -45,6 +46,7 @@ CASES = [
     ("residual sample", verify_sample.residual_sample_kernel, {}, False),
     ("residual sample, no logprobs", verify_sample.residual_sample_kernel, {"RETURN_LOGPROBS": False}, False),
     ("decide, no draft probs", verify_decide.decide_kernel, {"HAS_DRAFT_PROBS": False}, False),
+    ("row max and sum, unscreened", verify_unscreened.row_max_sum_kernel, {}, False),
     ("decide, unscreened", verify_decide.decide_kernel, {"SCREENED": False, "HAS_TOP_K": False, "HAS_TOP_P": False,
                                                           "RETURN_LOGPROBS": False}, False),
 ]
@@ -121,7 +123,7 @@ def test_chained_launch_waits_before_reading_the_chain(name, fn, constexprs, app
     flags = {**{k: v for k, v in FLAGS.items() if k in fn.arg_names}, **constexprs, "PDL": True}
     ptx = _ptx(fn, {**constexprs, "PDL": True})
     assert "griddepcontrol.launch_dependents" in ptx, f"{name}: the next launch is never released"
-    if fn is verify_rows.row_max_kernel:
+    if fn in (verify_rows.row_max_kernel, verify_unscreened.row_max_sum_kernel):  # the chain's first launch
         assert "griddepcontrol.wait" not in ptx
         return
     assert "griddepcontrol.wait" in ptx, f"{name}: no wait for the launch before"
@@ -161,6 +163,25 @@ def test_residual_draw_follows_every_programs_block_sums():
     assert before.rfind("bar.sync") > before.rfind("st.global"), "no barrier between the stores and the arrival"
     assert "ld.global.cg" in after, "the block sums are not read past L1"
     assert re.search(rf"\.maxnreg {verify.RESIDUAL_MAX_REGISTERS}\b", ptx)
+
+
+@pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
+def test_one_launch_sums_after_its_rows_max():
+    """row_max_sum_kernel, as launched (verify.py, 4 warps): the max partials stored, a CTA
+    barrier, one release arrival at GPU scope, then a loop of acquire reads of the count
+    then the row's max partials read past L1 (.cg), and the exact masses after them."""
+    from specops.triton_kernels import verify
+
+    ptx = _ptx(verify_unscreened.row_max_sum_kernel, {}, num_warps=verify.SUM_WARPS)
+    arrival = [m.start() for m in re.finditer(r"atom\.global\.gpu\.release\.add\.u32", ptx)]
+    assert len(arrival) == 1, "one arrival per program"
+    before, after = ptx[:arrival[0]], ptx[arrival[0]:]
+    assert before.rfind("bar.sync") > before.rfind("st.global"), "no barrier between the stores and the arrival"
+    # Triton emits the add of 0 as an acquire load.
+    polls = [m.start() for m in re.finditer(r"(atom|ld)\.global\.gpu\.acquire\.", after)]
+    assert polls, "no acquire of the row's count"
+    assert re.search(r"ld\.global\.cg", after[polls[0]:]), "the row's max partials are not read past L1"
+    assert re.search(r"div\.rn\.f32", after), "the masses at any temperature divide with div.rn"
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the compile tests above run in this process")

@@ -15,7 +15,8 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
    exact one (the rejected or bonus step, and every later step after an unsettled test);
    with top-k, top-p or log-probabilities every reachable step is marked. Skipped for
    one request with few enough bytes of rows (UNSCREENED_MAX_BATCH, UNSCREENED_BYTES):
-   every reachable step is then summed in 4 and tested exactly in 6;
+   every reachable step is then summed in 4 and tested exactly in 6, and on a GPU 1 and 4
+   are one launch (verify_unscreened.py: a program a block, waiting for its row's max);
 4. exact fixed-point normaliser z1, grid (B * S,): the marked steps of each request
    (always a range, usually one step) in turn; with top-k, top-p or log-probabilities
    (every step marked) grid (width * B * S,), a step each;
@@ -53,6 +54,7 @@ from .launch import has_pdl, multiprocessor_count
 from .verify_decide import decide_kernel
 from .verify_rows import fixed_sum_kernel, row_max_kernel
 from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, residual_sample_kernel
+from .verify_unscreened import row_counters, row_max_sum_kernel
 from .verify_screen import screen_kernel
 from .verify_search import (
     AGG_COLUMNS,
@@ -117,6 +119,11 @@ SCREEN_WARPS = 8
 # 21.4: a second request's rows cost more than the launch saves.
 UNSCREENED_MAX_BATCH = 1
 UNSCREENED_BYTES = 16 << 20
+# Unscreened calls: the max pass and the exact normaliser as one launch whose programs wait
+# for their row's max at a counter (verify_unscreened.py). H100, queued graph replays
+# (bench/NOTES.md): B=1 random 16.9 -> 16.3 µs with 3 drafts accepted, 14.8 -> 14.1 with
+# none, n-gram 12.4 -> 11.8, k=8 V=151936 21.3 -> 19.8.
+ONE_LAUNCH_UNSCREENED = True
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
 PROGRAMS_PER_SM = 4
 # Programmatic dependent launch of each launch after the first (sm_90+): it is scheduled
@@ -197,18 +204,28 @@ def verify(
     has_top_k, has_top_p = top_k is not None, top_p is not None
     num_slots = batch * width
     split_len = split_len_for(num_slots, vocab, device)
-    num_splits = triton.cdiv(vocab, split_len)
     # The exact normaliser: every reachable row with top-k/top-p/log-probabilities (the
     # search partials share its split), else about one marked row per request.
     exact_everywhere = has_top_k or has_top_p or return_logprobs
     # Few rows: no screen; every reachable row's exact normaliser, all tests exact.
     screened = (exact_everywhere or greedy_only or batch > UNSCREENED_MAX_BATCH
                 or num_slots * vocab * target_logits.element_size() > UNSCREENED_BYTES)
-    if exact_everywhere:
+    # Unscreened: both row passes in one launch, a block a program, where a row's programs
+    # can all run at once (verify_unscreened.py): fewer than the SMs on a GPU; one under the
+    # interpreter, which runs programs in turn.
+    row_programs_at_once = multiprocessor_count(device, CPU_NUM_SMS) if device.type == "cuda" else 1
+    counters = None
+    if not screened and ONE_LAUNCH_UNSCREENED and triton.cdiv(vocab, BLOCK_V) <= row_programs_at_once:
+        counters = row_counters(device, num_slots)  # None: none free of a fill in this graph
+    one_launch = counters is not None
+    if one_launch:
+        split_len = sum_split_len = BLOCK_V
+    elif exact_everywhere:
         sum_split_len = split_len
     else:
         sum_rows = batch if screened else num_slots
         sum_split_len = wave_split_len(sum_rows, vocab, device, SUM_RESIDENT, BLOCK_V)
+    num_splits = triton.cdiv(vocab, split_len)
     sum_splits = triton.cdiv(vocab, sum_split_len)
     block_s = triton.next_power_of_2(max(num_splits, sum_splits))
 
@@ -252,10 +269,16 @@ def verify(
     # and, on sm_90+, chained by programmatic dependent launch.
     exact = {"enable_fp_fusion": False, "PDL": pdl, "launch_pdl": pdl}
 
-    part_approx = empty(num_slots, num_splits, dtype=torch.float32)
-    row_max_kernel[grid](part_max, part_arg, part_approx, *rows, temperature_arg, *sizes, ALL_GREEDY=greedy_only,
-                         BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, PDL=pdl,
-                         maxnreg=REGISTERS_PER_SM // (ROW_MAX_RESIDENT * NUM_WARPS * 32) // 8 * 8)
+    if one_launch:
+        row_max_sum_kernel[(num_splits, num_slots)](
+            part_max, part_arg, part_sum, block_sum, counters, *rows, temperature_arg,
+            num_tokens, vocab, width, BLOCK_V=BLOCK_V, MASS_BLOCK=mass_block, BLOCK_S=block_s, num_warps=SUM_WARPS,
+            enable_fp_fusion=False, PDL=pdl)  # the chain's first launch: a plain one
+    else:
+        part_approx = empty(num_slots, num_splits, dtype=torch.float32)
+        row_max_kernel[grid](part_max, part_arg, part_approx, *rows, temperature_arg, *sizes,
+                             ALL_GREEDY=greedy_only, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, PDL=pdl,
+                             maxnreg=REGISTERS_PER_SM // (ROW_MAX_RESIDENT * NUM_WARPS * 32) // 8 * 8)
     flags = {"HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_S": block_s}
     search_flags = {"BLOCK_V": search_block_v, "UNROLL": SEARCH_UNROLL, "num_warps": SEARCH_WARPS, **flags, **exact}
     for search_round in range(TOP_K_ROUNDS.value if has_top_k else 0):
@@ -284,8 +307,9 @@ def verify(
     sum_grid = (step_programs * batch * sum_splits,)
     sum_flags = {"BLOCK_V": BLOCK_V, "MASS_BLOCK": mass_block, "MARKED": screened, "num_warps": SUM_WARPS,
                  **flags, **exact}
-    fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
-                               **sum_flags)
+    if not one_launch:
+        fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
+                                   **sum_flags)
     if has_top_p:
         for search_round in range(TOP_P_ROUNDS.value):
             threshold_search_kernel[grid](*top_p_search, *kept, part_max, part_arg, *top_k_search, part_sum, *rows,

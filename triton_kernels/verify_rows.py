@@ -6,7 +6,9 @@ Partials and why they combine bit-exactly (reference/verify.py fixes the contrac
 - max and first argmax: max of split maxima, lowest index among the splits reaching it;
 - the fixed-point normaliser ``sum floor(w * 2^40)``: int64 partials, summed (integer
   addition is associative). ``w`` needs the row max first (w = exp((z - max) / T), and
-  exp(a) * exp(b) is not exp(a + b) bit for bit), so the sum is a second pass;
+  exp(a) * exp(b) is not exp(a + b) bit for bit), so the sum is a second pass (in the
+  same launch for unscreened calls, after a wait for the row's max:
+  verify_unscreened.py);
 - top-k / top-p thresholds: integer counts of a search (verify_search.py).
 """
 
@@ -222,8 +224,8 @@ def exact_inverse(temperature):
 
 
 @triton.jit
-def _block_masses(z, max_logit, temperature, kth, z1, p_min, MULTIPLY: tl.constexpr, SECOND: tl.constexpr,
-                  HAS_TOP_K: tl.constexpr):
+def block_masses(z, max_logit, temperature, kth, z1, p_min, MULTIPLY: tl.constexpr, SECOND: tl.constexpr,
+                 HAS_TOP_K: tl.constexpr):
     """The fixed-point masses of a tile of logits summed per mass block (_split_fixed_sum's)."""
     if SECOND:
         w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, True)
@@ -231,6 +233,21 @@ def _block_masses(z, max_logit, temperature, kth, z1, p_min, MULTIPLY: tl.conste
     else:
         mass = fixed_weights(z, max_logit, temperature, kth, MULTIPLY, HAS_TOP_K)
     return tl.sum(tl.sum(mass, axis=2), axis=2)  # REPS (a thread's own entries) first, then SPAN
+
+
+@triton.jit
+def mass_tile(BLOCK_V: tl.constexpr, MASS_BLOCK: tl.constexpr):
+    """(block, entry): the mass block index [LANE_GROUPS, WARP_GROUPS] and the entry offset
+    [LANE_GROUPS, WARP_GROUPS, REPS, SPAN] of the tile _split_fixed_sum describes."""
+    REPS: tl.constexpr = (MASS_BLOCK + 31) // 32
+    SPAN: tl.constexpr = MASS_BLOCK // REPS
+    GROUPS: tl.constexpr = BLOCK_V // MASS_BLOCK
+    LANE_GROUPS: tl.constexpr = GROUPS // ((GROUPS + 3) // 4)
+    WARP_GROUPS: tl.constexpr = GROUPS // LANE_GROUPS
+    block = tl.arange(0, LANE_GROUPS)[:, None] + tl.arange(0, WARP_GROUPS)[None, :] * LANE_GROUPS
+    entry = ((block * MASS_BLOCK)[:, :, None, None] + tl.arange(0, REPS)[None, None, :, None] * SPAN
+             + tl.arange(0, SPAN)[None, None, None, :])
+    return block, entry
 
 
 @triton.jit
@@ -246,15 +263,8 @@ def _split_fixed_sum(row_ptr, blocks_ptr, v_begin, split_len, vocab, max_logit, 
     each): a block sum is mostly a thread's own additions, then 3 shuffle steps, not 5.
     (Triton lays the contiguous SPAN fastest, then the dims in order: lanes go to SPAN and
     LANE_GROUPS, warps to WARP_GROUPS, registers to REPS.)"""
-    REPS: tl.constexpr = (MASS_BLOCK + 31) // 32
-    SPAN: tl.constexpr = MASS_BLOCK // REPS
-    GROUPS: tl.constexpr = BLOCK_V // MASS_BLOCK
-    LANE_GROUPS: tl.constexpr = GROUPS // ((GROUPS + 3) // 4)
-    WARP_GROUPS: tl.constexpr = GROUPS // LANE_GROUPS
-    block = tl.arange(0, LANE_GROUPS)[:, None] + tl.arange(0, WARP_GROUPS)[None, :] * LANE_GROUPS
-    entry = ((block * MASS_BLOCK)[:, :, None, None] + tl.arange(0, REPS)[None, None, :, None] * SPAN
-             + tl.arange(0, SPAN)[None, None, None, :])
-    totals = tl.zeros([LANE_GROUPS, WARP_GROUPS], tl.int64)
+    block, entry = mass_tile(BLOCK_V, MASS_BLOCK)
+    totals = tl.zeros(block.shape, tl.int64)
     offset = 0
     while offset < split_len:
         v = v_begin + offset + entry
@@ -263,11 +273,11 @@ def _split_fixed_sum(row_ptr, blocks_ptr, v_begin, split_len, vocab, max_logit, 
         # (-inf without top-k: never). Not the first: its fixed_exp is cheaper than the test
         # (H100, B = 64, top-k 50: 76 -> 103 µs with it; bench/NOTES.md).
         if HAS_TOP_K and SECOND:
-            blocks = tl.zeros([LANE_GROUPS, WARP_GROUPS], tl.int64)
+            blocks = tl.zeros(block.shape, tl.int64)
             if tl.max(tl.max(tl.max(tl.max(z, axis=3), axis=2), axis=1), axis=0) >= kth:
-                blocks = _block_masses(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, SECOND, HAS_TOP_K)
+                blocks = block_masses(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, SECOND, HAS_TOP_K)
         else:
-            blocks = _block_masses(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, SECOND, HAS_TOP_K)
+            blocks = block_masses(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, SECOND, HAS_TOP_K)
         first = v_begin + offset + block * MASS_BLOCK
         tl.store(blocks_ptr + first // MASS_BLOCK, blocks, mask=first < vocab)
         totals += blocks

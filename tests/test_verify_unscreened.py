@@ -1,0 +1,157 @@
+"""The Triton verify's unscreened calls with both row passes in one launch
+(triton_kernels/verify_unscreened.py): the same tokens as the reference and as the two
+launches, the row counters left at zero for the next call, on a GPU rows of many programs
+(more than run at once) and graph replays. Under the interpreter a row is one program (a
+vocab of at most one block); on a GPU a row takes up to one program an SM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import HAS_CUDA
+from verify_inputs import make_inputs
+
+import specops
+from specops.backend import Backend
+from specops.reference.verify import verify as reference_verify
+from specops.triton_kernels.verify_rows import fixed_sum_kernel as FIXED_SUM_KERNEL
+
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else [])
+
+
+@pytest.fixture
+def triton_verify():
+    from specops.triton_kernels import verify
+
+    return verify
+
+
+@pytest.fixture
+def no_fixed_sum(triton_verify, monkeypatch):
+    """The separate normaliser launch fails if it is taken."""
+
+    class Refused:
+        def __getitem__(self, grid):
+            raise AssertionError("fixed_sum_kernel launched: the one-launch path was not taken")
+
+    monkeypatch.setattr(triton_verify, "fixed_sum_kernel", Refused())
+
+
+def tokens(inputs, device, max_spec_len, validate=True):
+    moved = {k: (v.to(device) if v is not None else None) for k, v in inputs.items()}
+    out, accepted, _ = specops.verify(*moved.values(), max_spec_len, False, backend=Backend.TRITON,
+                                      validate=validate)
+    return out.cpu(), accepted.cpu()
+
+
+def assert_counters_zero(triton_verify, device):
+    from specops.triton_kernels.verify_unscreened import row_counters
+
+    assert not row_counters(torch.device(device), 1).any().item()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
+def test_one_launch_matches_reference_and_leaves_counters_zero(device, ngram, triton_verify, no_fixed_sum):
+    """One request (the default unscreened call), mixed steps, a greedy one among others
+    through the seeds; twice in a row: the counters the first call left serve the second."""
+    vocab = 2000 if device == "cpu" else 9000  # one block under the interpreter; 5 a row on a GPU
+    for seed in (3, 4):
+        inputs = make_inputs([4], vocab, seed=seed, greedy_fraction=0.0, ngram=ngram, with_top=False)
+        if seed == 4:
+            inputs["temperature"][0] = 0.0
+        expected = reference_verify(**inputs, max_spec_len=4)
+        for _ in range(2):
+            got = tokens(inputs, device, 4)
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+            assert_counters_zero(triton_verify, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_launch_equals_two_launches(device, triton_verify, no_fixed_sum, monkeypatch):
+    """Temperatures that are and are not powers of two, ties for the max across blocks (on a
+    GPU), logits NaN and -inf: the one launch's tokens are the two launches'."""
+    vocab = 2048 if device == "cpu" else 4100
+    inputs = make_inputs([3], vocab, seed=17, greedy_fraction=0.0, with_top=False)
+    inputs["target_logits"] = (inputs["target_logits"] * 2).round()  # ties, in several blocks
+    inputs["target_logits"][1, :7] = float("nan")
+    inputs["bonus_logits"][0, 100] = float("-inf")
+    for temperature in (1.0, 0.7, 0.25):
+        inputs["temperature"][0] = temperature
+        one = tokens(inputs, device, 3, validate=False)
+        with monkeypatch.context() as two_launches:
+            two_launches.setattr(triton_verify, "ONE_LAUNCH_UNSCREENED", False)
+            two_launches.setattr(triton_verify, "fixed_sum_kernel", FIXED_SUM_KERNEL)
+            two = tokens(inputs, device, 3, validate=False)
+        expected = reference_verify(**inputs, max_spec_len=3)
+        for got in (one, two):
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("counts,vocab", [([8], 128256), ([4] * 40, 20000)], ids=["B1-k8-V128256", "B40-V20000"])
+def test_gpu_one_launch_rows_of_many_programs(counts, vocab, triton_verify, no_fixed_sum, monkeypatch):
+    """63 programs a row over 9 rows; 10 a row over 200 rows (2000 programs, more than the
+    GPU runs at once: the rows resident first must finish for the rest to start)."""
+    monkeypatch.setattr(triton_verify, "UNSCREENED_MAX_BATCH", 1 << 30)
+    monkeypatch.setattr(triton_verify, "UNSCREENED_BYTES", 1 << 62)
+    inputs = make_inputs(counts, vocab, seed=len(counts), greedy_fraction=0.25, with_top=False)
+    expected = reference_verify(**inputs, max_spec_len=max(counts))
+    got = tokens(inputs, "cuda", max(counts))
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert_counters_zero(triton_verify, "cuda")
+
+
+def captured(step):
+    """``step`` run once on a side stream, then captured in a CUDA graph: (graph, outputs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+        static = step()
+    return graph, static
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("spares", [True, False], ids=["spare", "none-left"])
+def test_gpu_one_launch_graph_replays(spares, triton_verify, monkeypatch):
+    """A captured one-request call replayed at advancing positions equals eager calls there.
+    The capture stream, new, takes a spare zeroed buffer (no fill in the graph), each replay
+    finding it at zero; with no spare left the graph holds the two launches."""
+    from specops.triton_kernels import verify_unscreened
+
+    inputs = make_inputs([4], 50000, seed=2, with_top=False)
+    inputs = {k: (v.cuda() if v is not None else None) for k, v in inputs.items()}
+    launched = []
+    fixed_sum = triton_verify.fixed_sum_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return fixed_sum[grid]
+
+    monkeypatch.setattr(triton_verify, "fixed_sum_kernel", Spy())
+    specops.verify(*inputs.values(), 4, False, backend=Backend.TRITON)  # an eager call: buffers and spares
+    if not spares:  # new buffers come without spares, and none is left
+        monkeypatch.setattr(verify_unscreened, "SPARE_BUFFERS", 0)
+        monkeypatch.setattr(verify_unscreened, "_SPARES", {})
+    spare_list = verify_unscreened._SPARES.setdefault(torch.cuda.current_device(), [])
+    before, launched[:] = len(spare_list), []
+    graph, static = captured(lambda: specops.verify(*inputs.values(), 4, False, backend=Backend.TRITON))
+    if spares:
+        assert len(spare_list) == before - 1 and not launched  # the side stream's buffer: a fresh one
+    else:
+        assert len(launched) == 1  # the capture's call took the two launches
+    for _ in range(4):
+        inputs["positions"].add_(3)
+        graph.replay()
+        torch.cuda.synchronize()
+        for s, e in zip(static, specops.verify(*inputs.values(), 4, False, backend=Backend.TRITON)):
+            assert torch.equal(s, e)
+    assert_counters_zero(triton_verify, "cuda")
