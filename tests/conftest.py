@@ -30,6 +30,21 @@ HAS_CUDA = torch.cuda.is_available()
 requires_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 
+def capture(step, warmups: int = 1, stream: torch.cuda.Stream | None = None):
+    """``step`` run ``warmups`` times on a side stream (compiles and allocates outside the
+    graph), then captured in a CUDA graph (on ``stream`` when given): (graph, its outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        outputs = step()
+    return graph, outputs
+
+
 def kernel_backends(device: str) -> list[Backend]:
     """The backends under test on ``device``: every available one but the reference."""
     return [b for b in specops.available_backends(torch.device(device)) if b is not Backend.REFERENCE]

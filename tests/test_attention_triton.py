@@ -17,7 +17,7 @@ import pytest
 import torch
 import triton
 from attention_inputs import TOLERANCES, make_batch, reference_float64, relative_error
-from conftest import backend_params
+from conftest import backend_params, capture
 from hypothesis import given
 from hypothesis import strategies as st
 from specops.triton_kernels import attention as triton_attention
@@ -353,14 +353,7 @@ def test_gpu_cuda_graph_replays_follow_new_inputs(device, backend, batch):
     def step():
         return specops.paged_attention(*inputs.values(), scale, 0, 0.0, True, backend=backend)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out, static_lse = step()
+    graph, (static_out, static_lse) = capture(step)
     g = torch.Generator().manual_seed(32)
     for replay in range(3):
         new_q = torch.tensor(q_lens)[torch.randperm(batch, generator=g)]  # same num_query_tokens

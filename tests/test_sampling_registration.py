@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specops
-from conftest import backend_params, requires_gpu
+from conftest import backend_params, capture, requires_gpu
 from sampling_inputs import make_batch
 from specops.backend import Backend
 
@@ -94,15 +94,7 @@ def test_cuda_graph_replay_matches_eager(backend):
         exponentials.exponential_()
         return step(*args)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            drawn_step()  # warm-up outside the graph
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = drawn_step()
+    graph, static_out = capture(drawn_step, warmups=2)
     seen = set()
     for _ in range(3):
         graph.replay()

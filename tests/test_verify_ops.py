@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import backend_params, requires_gpu
+from conftest import backend_params, capture, requires_gpu
 from distribution_harness import assert_follows
 from verify_inputs import make_inputs, rejecting_first_drafts, select_requests
 
@@ -404,14 +404,7 @@ def test_gpu_cuda_graph_replays_draw_fresh_numbers(device, backend, return_logpr
     def step():
         return specops.verify(*inputs.values(), 4, return_logprobs, backend=backend)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    graph, static = capture(step)
     seen = set()
     for _ in range(3):
         positions.add_(7)

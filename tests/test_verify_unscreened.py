@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, capture
 from verify_inputs import make_inputs
 
 import specops
@@ -104,19 +104,6 @@ def test_gpu_one_launch_rows_of_many_programs(counts, vocab, triton_verify, no_f
     assert_counters_zero(triton_verify, "cuda")
 
 
-def captured(step):
-    """``step`` run once on a side stream, then captured in a CUDA graph: (graph, outputs)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
-        static = step()
-    return graph, static
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("spares", [True, False], ids=["spare", "none-left"])
@@ -143,7 +130,8 @@ def test_gpu_one_launch_graph_replays(spares, triton_verify, monkeypatch):
         monkeypatch.setattr(verify_unscreened, "_SPARES", {})
     spare_list = verify_unscreened._SPARES.setdefault(torch.cuda.current_device(), [])
     before, launched[:] = len(spare_list), []
-    graph, static = captured(lambda: specops.verify(*inputs.values(), 4, False, backend=Backend.TRITON))
+    graph, static = capture(lambda: specops.verify(*inputs.values(), 4, False, backend=Backend.TRITON),
+                            stream=torch.cuda.Stream())  # a capture stream seen for the first time
     if spares:
         assert len(spare_list) == before - 1 and not launched  # the side stream's buffer: a fresh one
     else:
