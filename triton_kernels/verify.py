@@ -54,7 +54,6 @@ from .launch import has_pdl, multiprocessor_count
 from .verify_decide import decide_kernel
 from .verify_rows import fixed_sum_kernel, row_max_kernel
 from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, residual_sample_kernel
-from .verify_unscreened import row_counters, row_max_sum_kernel
 from .verify_screen import screen_kernel
 from .verify_search import (
     AGG_COLUMNS,
@@ -65,6 +64,7 @@ from .verify_search import (
     TOP_P_ROUNDS,
     threshold_search_kernel,
 )
+from .verify_unscreened import row_counters, row_max_sum_kernel
 
 BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
 SUM_WARPS = 4
