@@ -168,7 +168,7 @@ def test_residual_draw_follows_every_programs_block_sums():
 @pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
 def test_one_launch_sums_after_its_rows_max():
     """row_max_sum_kernel, as launched (verify.py, 4 warps): the max partials stored, a CTA
-    barrier, one release arrival at GPU scope, then a loop of acquire reads of the count
+    barrier, one release arrival at GPU scope, then a loop of acquire reads of the count,
     then the row's max partials read past L1 (.cg), and the exact masses after them."""
     from specops.triton_kernels import verify
 

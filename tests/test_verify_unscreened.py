@@ -45,7 +45,7 @@ def tokens(inputs, device, max_spec_len, validate=True):
     return out.cpu(), accepted.cpu()
 
 
-def assert_counters_zero(triton_verify, device):
+def assert_counters_zero(device):
     from specops.triton_kernels.verify_unscreened import row_counters
 
     assert not row_counters(torch.device(device), 1).any().item()
@@ -53,7 +53,7 @@ def assert_counters_zero(triton_verify, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
-def test_one_launch_matches_reference_and_leaves_counters_zero(device, ngram, triton_verify, no_fixed_sum):
+def test_one_launch_matches_reference_and_leaves_counters_zero(device, ngram, no_fixed_sum):
     """One request (the default unscreened call), mixed steps, a greedy one among others
     through the seeds; twice in a row: the counters the first call left serve the second."""
     vocab = 2000 if device == "cpu" else 9000  # one block under the interpreter; 5 a row on a GPU
@@ -65,7 +65,7 @@ def test_one_launch_matches_reference_and_leaves_counters_zero(device, ngram, tr
         for _ in range(2):
             got = tokens(inputs, device, 4)
             assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
-            assert_counters_zero(triton_verify, device)
+            assert_counters_zero(device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -101,7 +101,7 @@ def test_gpu_one_launch_rows_of_many_programs(counts, vocab, triton_verify, no_f
     expected = reference_verify(**inputs, max_spec_len=max(counts))
     got = tokens(inputs, "cuda", max(counts))
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
-    assert_counters_zero(triton_verify, "cuda")
+    assert_counters_zero("cuda")
 
 
 @pytest.mark.gpu
@@ -142,4 +142,4 @@ def test_gpu_one_launch_graph_replays(spares, triton_verify, monkeypatch):
         torch.cuda.synchronize()
         for s, e in zip(static, specops.verify(*inputs.values(), 4, False, backend=Backend.TRITON)):
             assert torch.equal(s, e)
-    assert_counters_zero(triton_verify, "cuda")
+    assert_counters_zero("cuda")
