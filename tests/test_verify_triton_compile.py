@@ -22,7 +22,8 @@ from uninterpreted import INTERPRETED, rerun_without_interpreter
 ROW_POINTERS = {"target_ptr": "*bf16", "bonus_ptr": "*bf16", "cu_ptr": "*i32", "part_arg_ptr": "*i32",
                 "draft_ptr": "*i64", "top_k_ptr": "*i32", "seeds_ptr": "*i64", "positions_ptr": "*i64",
                 "out_ptr": "*i32", "num_accepted_ptr": "*i32", "marked_ptr": "*i32", "resume_ptr": "*i32",
-                "sample_int_ptr": "*i64", "arrivals_ptr": "*i32", "counters_ptr": "*i32",
+                "sample_int_ptr": "*i64", "arrivals_ptr": "*i32", "counters_ptr": "*i32", "verdict_ptr": "*i32",
+                "slot_total_ptr": "*i64", "packed_ptr": "*i64",
                 "kept_ptr": "*i32", "kept_lanes_ptr": "*i32", "kept_meta_ptr": "*i64"}
 INT_POINTER_SUFFIXES = ("state_ptr", "agg_ptr", "sum_ptr", "sum2_ptr", "mass_ptr")
 SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_round", "num_splits", "sum_splits",
@@ -49,6 +50,8 @@ CASES = [
     ("row max and sum, unscreened", verify_unscreened.row_max_sum_kernel, {}, False),
     ("decide, unscreened", verify_decide.decide_kernel, {"SCREENED": False, "HAS_TOP_K": False, "HAS_TOP_P": False,
                                                           "RETURN_LOGPROBS": False}, False),
+    ("decide, verdicts", verify_decide.decide_kernel, {"SCREENED": False, "VERDICTS": True, "HAS_TOP_K": False,
+                                                       "HAS_TOP_P": False, "RETURN_LOGPROBS": False}, False),
 ]
 
 
@@ -69,7 +72,10 @@ def _signature(fn, constexprs: dict) -> dict:
 
 
 def _ptx(fn, constexprs: dict, **options) -> str:
-    constexprs = {**{k: v for k, v in FLAGS.items() if k in fn.arg_names}, **constexprs}
+    # Flags not given take the kernel's defaults (a constexpr left out would otherwise be
+    # typed as a pointer).
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    constexprs = {**defaults, **{k: v for k, v in FLAGS.items() if k in fn.arg_names}, **constexprs}
     source = triton.compiler.ASTSource(fn=fn, signature=_signature(fn, constexprs), constexprs=constexprs)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                             options={"enable_fp_fusion": False, "num_warps": 8, **options})
@@ -169,7 +175,9 @@ def test_residual_draw_follows_every_programs_block_sums():
 def test_one_launch_sums_after_its_rows_max():
     """row_max_sum_kernel, as launched (verify.py, 4 warps): the max partials stored, a CTA
     barrier, one release arrival at GPU scope, then a loop of acquire reads of the count,
-    then the row's max partials read past L1 (.cg), and the exact masses after them."""
+    then the row's max partials read past L1 (.cg), and the exact masses after them; then
+    one relaxed 64-bit atomic add a program (its normaliser partial and its departure,
+    packed), whose last adder resets the counters; without TEST_STEPS a 32-bit departure."""
     from specops.triton_kernels import verify
 
     ptx = _ptx(verify_unscreened.row_max_sum_kernel, {}, num_warps=verify.SUM_WARPS)
@@ -182,6 +190,11 @@ def test_one_launch_sums_after_its_rows_max():
     assert polls, "no acquire of the row's count"
     assert re.search(r"ld\.global\.cg", after[polls[0]:]), "the row's max partials are not read past L1"
     assert re.search(r"div\.rn\.f32", after), "the masses at any temperature divide with div.rn"
+    departures = re.findall(r"atom\.global\.gpu\.\w+\.add\.u(32|64)", after[polls[0]:])
+    assert departures == ["64"], f"one packed departure a program, found {departures}"
+    assert "exch.b64" in after, "the last to leave does not reset the packed departures"
+    plain = _ptx(verify_unscreened.row_max_sum_kernel, {"TEST_STEPS": False}, num_warps=verify.SUM_WARPS)
+    assert re.findall(r"atom\.global\.gpu\.relaxed\.add\.u(32|64)", plain) == ["32"]
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the compile tests above run in this process")

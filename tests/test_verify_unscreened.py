@@ -91,9 +91,11 @@ def test_one_launch_equals_two_launches(device, triton_verify, no_fixed_sum, mon
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("counts,vocab", [([8], 128256), ([4] * 40, 20000)], ids=["B1-k8-V128256", "B40-V20000"])
+@pytest.mark.parametrize("counts,vocab", [([8], 128256), ([4], 140000), ([4] * 40, 20000)],
+                         ids=["B1-k8-V128256", "B1-V140000", "B40-V20000"])
 def test_gpu_one_launch_rows_of_many_programs(counts, vocab, triton_verify, no_fixed_sum, monkeypatch):
-    """63 programs a row over 9 rows; 10 a row over 200 rows (2000 programs, more than the
+    """63 programs a row over 9 rows (the most whose steps the launch tests); 69 a row (the
+    decisions then walk every step); 10 a row over 200 rows (2000 programs, more than the
     GPU runs at once: the rows resident first must finish for the rest to start)."""
     monkeypatch.setattr(triton_verify, "UNSCREENED_MAX_BATCH", 1 << 30)
     monkeypatch.setattr(triton_verify, "UNSCREENED_BYTES", 1 << 62)
@@ -143,3 +145,50 @@ def test_gpu_one_launch_graph_replays(spares, triton_verify, monkeypatch):
         for s, e in zip(static, specops.verify(*inputs.values(), 4, False, backend=Backend.TRITON)):
             assert torch.equal(s, e)
     assert_counters_zero("cuda")
+
+
+def deep_walk_inputs(vocab, depth, seed, *, ngram, failure):
+    """One request of 4 drafts whose first ``depth`` pass (each target row dominated by the
+    draft's token, its draft prob near 1) and whose step ``depth`` (if < 4) fails by
+    ``failure``: "unlikely" (a token of little target mass, all draft mass on it) or
+    "no-draft-mass" (the dominant token with draft prob 0)."""
+    inputs = make_inputs([4], vocab, seed=seed, greedy_fraction=0.0, ngram=ngram, with_top=False)
+    g = torch.Generator().manual_seed(seed)
+    dominant = torch.randint(0, vocab, (4,), generator=g)
+    inputs["target_logits"][torch.arange(4), dominant] += 15.0
+    drafts = dominant.clone()
+    if not ngram:
+        inputs["draft_probs"] = torch.softmax(inputs["target_logits"] + 0.1 * torch.randn(4, vocab, generator=g), -1)
+    if depth < 4:
+        if failure == "no-draft-mass" and not ngram:
+            inputs["draft_probs"][depth, dominant[depth]] = 0.0
+        else:
+            drafts[depth] = (dominant[depth] + 1 + seed) % vocab
+            if not ngram:
+                inputs["draft_probs"][depth] = 0.0
+                inputs["draft_probs"][depth, drafts[depth]] = 1.0
+    inputs["draft_token_ids"] = drafts.to(inputs["draft_token_ids"].dtype)
+    return inputs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
+def test_one_launch_walks_of_every_depth(device, ngram, no_fixed_sum):
+    """The max pass tests every draft step and the decisions start at the first failed one:
+    0 to 4 passed drafts (then a rejection's token, or the bonus draw), greedy requests
+    among them, a temperature of 1/2 (the masses' exact-inverse path), failures by an
+    unlikely draft and by a draft prob of 0: the reference's tokens, at every depth."""
+    vocab = 2000 if device == "cpu" else 9000
+    depths = set()
+    for depth in range(5):
+        for temperature, failure in ((None, "unlikely"), (0.0, "unlikely"), (0.5, "unlikely"),
+                                     (None, "no-draft-mass")):
+            inputs = deep_walk_inputs(vocab, depth, seed=10 * depth + len(failure), ngram=ngram, failure=failure)
+            if temperature is not None:
+                inputs["temperature"][0] = temperature
+            expected = reference_verify(**inputs, max_spec_len=4)
+            got = tokens(inputs, device, 4)
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (depth, temperature, failure)
+            depths.add(int(expected[1][0]))
+    assert depths == set(range(5)), depths  # the inputs reach every depth
+    assert_counters_zero(device)

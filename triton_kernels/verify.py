@@ -16,7 +16,8 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
    with top-k, top-p or log-probabilities every reachable step is marked. Skipped for
    one request with few enough bytes of rows (UNSCREENED_MAX_BATCH, UNSCREENED_BYTES):
    every reachable step is then summed in 4 and tested exactly in 6, and on a GPU 1 and 4
-   are one launch (verify_unscreened.py: a program a block, waiting for its row's max);
+   are one launch (verify_unscreened.py: a program a block, waiting for its row's max;
+   the last of a row's programs tests its step exactly, and 6 starts at the first failure);
 4. exact fixed-point normaliser z1, grid (B * S,): the marked steps of each request
    (always a range, usually one step) in turn; with top-k, top-p or log-probabilities
    (every step marked) grid (width * B * S,), a step each;
@@ -64,7 +65,7 @@ from .verify_search import (
     TOP_P_ROUNDS,
     threshold_search_kernel,
 )
-from .verify_unscreened import row_counters, row_max_sum_kernel
+from .verify_unscreened import PACKED_MAX_SPLITS, packed_departures, row_counters, row_max_sum_kernel
 
 BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
 SUM_WARPS = 4
@@ -124,6 +125,12 @@ UNSCREENED_BYTES = 16 << 20
 # (bench/NOTES.md): B=1 random 16.9 -> 16.3 µs with 3 drafts accepted, 14.8 -> 14.1 with
 # none, n-gram 12.4 -> 11.8, k=8 V=151936 21.3 -> 19.8.
 ONE_LAUNCH_UNSCREENED = True
+# That launch's last program of each row also stores the slot's max and normaliser total
+# and tests its draft exactly, so the decisions start at the first step that failed instead
+# of walking the passed ones (rows of at most PACKED_MAX_SPLITS programs, V <= 129024).
+# H100, queued graph replays (bench/NOTES.md): B=1 random 16.3 -> 14.5 µs with 3 drafts
+# accepted, 14.8 -> 14.3 with 1, 14.0 -> 14.3 with none; n-gram 11.8 -> 12.3.
+ONE_LAUNCH_VERDICTS = True
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
 PROGRAMS_PER_SM = 4
 # Programmatic dependent launch of each launch after the first (sm_90+): it is scheduled
@@ -269,10 +276,17 @@ def verify(
     # and, on sm_90+, chained by programmatic dependent launch.
     exact = {"enable_fp_fusion": False, "PDL": pdl, "launch_pdl": pdl}
 
-    if one_launch:
+    draft_probs_arg = draft_probs if draft_probs is not None else part_max
+    # The one launch's last program of a row tests its step (rows of few enough programs).
+    test_steps = one_launch and bool(ONE_LAUNCH_VERDICTS) and num_splits <= PACKED_MAX_SPLITS.value
+    if one_launch:  # each slot's max, normaliser total and (draft steps) exact test too
+        verdicts = (empty(num_slots, dtype=torch.int32), empty(num_slots, dtype=torch.float32),
+                    empty(num_slots, dtype=torch.int64))
         row_max_sum_kernel[(num_splits, num_slots)](
-            part_max, part_arg, part_sum, block_sum, counters, *rows, temperature_arg,
-            num_tokens, vocab, width, BLOCK_V=BLOCK_V, MASS_BLOCK=mass_block, BLOCK_S=block_s, num_warps=SUM_WARPS,
+            part_max, part_arg, part_sum, block_sum, counters, packed_departures(counters), *verdicts, target_logits,
+            bonus_logits, draft_token_ids, draft_probs_arg, cu_num_draft_tokens, temperature_arg, seeds, positions,
+            num_tokens, vocab, width, HAS_DRAFT_PROBS=draft_probs is not None, BLOCK_V=BLOCK_V,
+            MASS_BLOCK=mass_block, BLOCK_S=block_s, TEST_STEPS=test_steps, num_warps=SUM_WARPS,
             enable_fp_fusion=False, PDL=pdl)  # the chain's first launch: a plain one
     else:
         part_approx = empty(num_slots, num_splits, dtype=torch.float32)
@@ -288,7 +302,6 @@ def verify(
     # Written by the screen only (unscreened: never read, the output stands in).
     marked = empty(batch, 2, dtype=torch.int32) if screened else out
     resume = empty(batch, dtype=torch.int32) if screened else out
-    draft_probs_arg = draft_probs if draft_probs is not None else part_max
     request = (target_logits, bonus_logits, draft_token_ids, draft_probs_arg, cu_num_draft_tokens, *params, seeds,
                positions, num_tokens, vocab, width, num_splits)
     request_flags = {"HAS_DRAFT_PROBS": draft_probs is not None, "RETURN_LOGPROBS": return_logprobs, **flags}
@@ -324,10 +337,10 @@ def verify(
     arrivals = empty(batch, dtype=torch.int32) if draft_probs is not None else resume
     decide_kernel[(batch,)](
         out, num_accepted, logprobs if return_logprobs else out, sample_float, sample_int, arrivals, block_sum,
-        resume, part_max, part_arg, part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits,
-        **request_flags, MASS_BLOCK=mass_block, BLOCK_B=triton.next_power_of_2(triton.cdiv(vocab, mass_block)),
-        PROPOSAL_ROUND=PROPOSAL_ROUND, BLOCK_W=triton.next_power_of_2(width), SCREENED=screened,
-        num_warps=DECIDE_WARPS, **exact,
+        resume, *(verdicts if one_launch else (out, part_max, part_sum)), part_max, part_arg, part_sum, part_sum2,
+        *top_k_search, *top_p_search, *request, sum_splits, **request_flags, MASS_BLOCK=mass_block,
+        BLOCK_B=triton.next_power_of_2(triton.cdiv(vocab, mass_block)), PROPOSAL_ROUND=PROPOSAL_ROUND,
+        BLOCK_W=triton.next_power_of_2(width), SCREENED=screened, VERDICTS=test_steps, num_warps=DECIDE_WARPS, **exact,
     )
     if draft_probs is None:  # every token drawn by the decisions
         return out, num_accepted, logprobs

@@ -10,11 +10,11 @@ import triton.language as tl
 
 from .verify_math import (
     FIXED_SCALE,
-    TOP_P_SCALE,
+    acceptance_uniform,
     chain_launch,
+    exact_test,
     load_logits,
     log_prob,
-    philox_words,
     probs,
     weights,
 )
@@ -26,7 +26,8 @@ from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token, propose_resid
 
 
 # Grid (batch,). Program b walks request b's steps from resume[b] (the screen emitted the
-# steps before it; from step 0 without SCREENED, every test exact) with the combined row
+# steps before it; without SCREENED from the first step whose exact test failed in the max
+# pass (VERDICTS), or from step 0, every test exact) with the combined row
 # statistics and exact normalisers: greedy: emit the argmax, stop at the first mismatch;
 # random: the acceptance test u q(x) < p(x) (u from Philox, p(x) from one logit and the
 # row's max and normalisers), stop at the first rejection or the bonus step, where a random
@@ -45,6 +46,9 @@ def decide_kernel(
     arrivals_ptr,  # [batch] int32: zeroed for residual_sample_kernel (HAS_DRAFT_PROBS)
     block_sum_ptr,  # [batch * width, cdiv(vocab, MASS_BLOCK)] int64: fixed_sum_kernel's block sums
     resume_ptr,  # [batch] int32: first step to decide here (-1: none; verify_screen.py)
+    verdict_ptr,  # [batch * width] int32 (VERDICTS): 1 where the step's draft passed its exact test
+    slot_max_ptr,  # [batch * width] float32 (VERDICTS): each slot's max logit
+    slot_total_ptr,  # [batch * width] int64 (VERDICTS): each slot's normaliser total (integer)
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
     part_sum_ptr,  # [batch * width, sum_splits] int64: z1 partials
@@ -75,6 +79,7 @@ def decide_kernel(
     PROPOSAL_ROUND: tl.constexpr,  # residual proposals tried at a time (divides RESIDUAL_PROPOSALS)
     BLOCK_W: tl.constexpr,  # a power of two >= width
     SCREENED: tl.constexpr = True,  # False: no screen ran, every request is walked from step 0
+    VERDICTS: tl.constexpr = False,  # unscreened: from the first step the max pass failed (verify_unscreened.py)
     PDL: tl.constexpr = False,
 ):
     # Before the wait (PDL): the op's own inputs only (verify_math.chain_launch): every
@@ -98,8 +103,7 @@ def decide_kernel(
     step_q = tl.full([BLOCK_W], 1.0, tl.float32)
     if HAS_DRAFT_PROBS:
         step_q = tl.load(draft_probs_ptr + step_rows + step_x, mask=step_tests, other=0.0)
-    step_w0, _w1, _w2, _w3 = philox_words(seed, position0 + steps, 0, tl.zeros([BLOCK_W], tl.int32))
-    step_u = (step_w0 >> 8).to(tl.float32) * (1.0 / TOP_P_SCALE)
+    step_u = acceptance_uniform(seed, position0 + steps, tl.zeros([BLOCK_W], tl.int32))
     chain_launch(PDL)
     out_row = out_ptr + b.to(tl.int64) * width
     lp_row = logprobs_ptr + b.to(tl.int64) * width
@@ -110,6 +114,10 @@ def decide_kernel(
         tl.store(arrivals_ptr + b, 0)
     if SCREENED:
         i = tl.load(resume_ptr + b)
+    elif VERDICTS:  # the max pass tested every step: emit the drafts before the first that failed
+        verdicts = tl.load(verdict_ptr + b * width + steps, mask=steps < count, other=0)
+        i = tl.min(tl.where((steps < count) & (verdicts == 0), steps, count), axis=0).to(tl.int32)
+        tl.store(out_row + steps, step_drafts.to(tl.int32), mask=steps < i)
     else:
         i = tl.zeros([], tl.int32)
     num_mass_blocks = tl.cdiv(vocab, MASS_BLOCK)
@@ -143,8 +151,13 @@ def decide_kernel(
             block_sums = tl.load(block_sum_ptr + slot.to(tl.int64) * num_mass_blocks + mass_blocks,
                                  mask=mass_blocks < num_mass_blocks, other=0)
             # mass_total: the sum of the block sums a draw searches (the pass that last wrote them).
-            max_logit, z1, mass_total = row_max_fixed_sum(part_max_ptr, part_sum_ptr, slot, num_splits, sum_splits,
-                                                          BLOCK_S)
+            if VERDICTS:  # the slot's combined statistics, stored by the max pass
+                max_logit = tl.load(slot_max_ptr + slot)
+                mass_total = tl.load(slot_total_ptr + slot)
+                z1 = mass_total.to(tl.float32) * (1.0 / FIXED_SCALE)
+            else:
+                max_logit, z1, mass_total = row_max_fixed_sum(part_max_ptr, part_sum_ptr, slot, num_splits,
+                                                              sum_splits, BLOCK_S)
             no_finite = max_logit == float("-inf")
             draft = tl.sum(tl.where(at, step_drafts, 0), axis=0)
             in_vocab = tl.sum((at & step_in_vocab).to(tl.int32), axis=0) > 0
@@ -162,12 +175,11 @@ def decide_kernel(
                 mass_total = tl.where(uses_top_p, total2, mass_total)
             x = tl.where(in_vocab, draft, 0)
             # The step's lane of the vectors loaded before the wait (the other lanes add 0).
-            z_x = tl.sum(tl.where(at, step_z, 0.0), axis=0) + tl.zeros([1], tl.float32)
-            p_x = tl.sum(probs(z_x, max_logit, temperature, kth, z1, p_min, z2), axis=0)
-            p_x = tl.where(no_finite, tl.where(x == 0, 1.0, 0.0), p_x)
+            z_x = tl.sum(tl.where(at, step_z, 0.0), axis=0)
             q_x = tl.sum(tl.where(at, step_q, 0.0), axis=0)
             u = tl.sum(tl.where(at, step_u, 0.0), axis=0)
-            if in_vocab & (q_x > 0.0) & (u * q_x < p_x):
+            passed, p_x = exact_test(z_x, q_x, u, x, in_vocab, max_logit, temperature, kth, z1, p_min, z2)
+            if passed:
                 token = x.to(tl.int32)
                 log_p = tl.sum(log_prob(p_x + tl.zeros([1], tl.float32)), axis=0)
             else:
@@ -198,7 +210,7 @@ def decide_kernel(
                             tl.store(sample_float + 5, z2)  # token -1: written by residual_sample_kernel
                     else:  # the normaliser's own terms: drawn here, from fixed_sum_kernel's block sums
                         excluded = tl.where(in_vocab, draft, -1)
-                        token = draw_token(block_sums, mass_total, row_ptr, row_ptr, False, excluded, tl.sum(z_x, axis=0),
+                        token = draw_token(block_sums, mass_total, row_ptr, row_ptr, False, excluded, z_x,
                                            seed, position0 + i, vocab, *params, False, HAS_TOP_P, MASS_BLOCK,
                                            BLOCK_B).to(tl.int32)
                     if token >= 0:

@@ -197,3 +197,20 @@ def fixed_weights(z, max_logit, temperature, kth, MULTIPLY: tl.constexpr, HAS_TO
 def probs(z, max_logit, temperature, kth, z1, p_min, z2):
     """p_v after top-k, normalisation by z1, top-p (p >= p_min), renormalisation by z2."""
     return tl.math.div_rn(top_p_weights(weights(z, max_logit, temperature, kth), z1, p_min), z2)
+
+
+@triton.jit
+def acceptance_uniform(seed, position, block):
+    """u in [0, 1) of the acceptance test at ``position`` (word 0 of its draw, 24 bits)."""
+    w0, _w1, _w2, _w3 = philox_words(seed, position, 0, block)
+    return (w0 >> 8).to(tl.float32) * (1.0 / TOP_P_SCALE)
+
+
+@triton.jit
+def exact_test(z_x, q_x, u, x, in_vocab, max_logit, temperature, kth, z1, p_min, z2):
+    """(accepted, p(x)) of a random step's exact test u q(x) < p(x), scalars: z_x the
+    draft's logit, x the draft (0 when not ``in_vocab``); every mass on token 0 when no
+    logit is finite (max_logit = -inf)."""
+    p_x = tl.sum(probs(z_x + tl.zeros([1], tl.float32), max_logit, temperature, kth, z1, p_min, z2), axis=0)
+    p_x = tl.where(max_logit == float("-inf"), tl.where(x == 0, 1.0, 0.0), p_x)
+    return in_vocab & (q_x > 0.0) & (u * q_x < p_x), p_x

@@ -7,7 +7,10 @@ holds one BLOCK_V block of a row in registers, stores the block's max and first 
 waits for the other programs of its row at a counter, combines the row's max partials and
 sums the block's exact fixed-point masses from the same registers: the same partials, block
 sums and normaliser partials as the two launches, bit for bit (the same splits, the same
-operations), one launch and one read of the rows fewer.
+operations), one launch and one read of the rows fewer. The last program of a row to
+leave also holds the row's normaliser total (the programs leave by one packed atomic that
+adds their partials) and tests the row's draft exactly, so the decisions (verify_decide.py)
+start at the first step that failed instead of walking the passed ones.
 
 The wait needs every program of a row to run: the grid puts a row's programs next to each
 other (split fastest), the GPU dispatches blocks in grid order (as decoupled look-back
@@ -23,15 +26,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .verify_math import INDEX_MAX, chain_launch, load_logits
+from .verify_math import FIXED_SCALE, INDEX_MAX, acceptance_uniform, chain_launch, exact_test, load_logits
 from .verify_rows import block_masses, exact_inverse, mass_tile
 from .verify_slots import slot_row
 
 # Row counters: one zeroed buffer a (device, stream), two int32 a slot (arrivals,
-# departures). The kernel leaves them at 0 (the last program of a row to leave resets
-# them), so they are zeroed once, never by a fill launch inside a graph. A stream first seen
-# while it captures a graph takes a spare zeroed at an earlier eager call (none left: the
-# caller takes the two launches). Calls on one stream run in turn; another stream has its own.
+# departures), then an int64 a slot (packed departures, row_max_sum_kernel's TEST_STEPS).
+# The kernel leaves them at 0 (the last program of a row to leave resets them), so they are
+# zeroed once, never by a fill launch inside a graph. A stream first seen while it captures
+# a graph takes a spare zeroed at an earlier eager call (none left: the caller takes the two
+# launches). Calls on one stream run in turn; another stream has its own.
 COUNTER_SLOTS = tl.constexpr(256)  # slots a buffer serves; calls with more take the two launches
 SPARE_BUFFERS = 4
 _COUNTERS: dict[tuple[int, int], torch.Tensor] = {}  # (device index, stream) -> counters
@@ -57,7 +61,7 @@ def row_counters(device: torch.device, num_slots: int) -> torch.Tensor | None:
                 return None
             counters = spares.pop()
         else:
-            fresh = torch.zeros(1 + SPARE_BUFFERS - len(spares), 2 * COUNTER_SLOTS.value, dtype=torch.int32,
+            fresh = torch.zeros(1 + SPARE_BUFFERS - len(spares), 4 * COUNTER_SLOTS.value, dtype=torch.int32,
                                 device=device)
             if device.type == "cuda":
                 stream.synchronize()  # once a buffer: zero before any stream, or a later graph, uses it
@@ -67,31 +71,98 @@ def row_counters(device: torch.device, num_slots: int) -> torch.Tensor | None:
     return counters
 
 
+def packed_departures(counters: torch.Tensor) -> torch.Tensor:
+    """The int64 packed departures of a counters buffer (row_max_sum_kernel)."""
+    return counters.view(torch.int64)[COUNTER_SLOTS.value:]
+
+
+# A packed departure: the program's normaliser partial plus one count in bits 58-63 (6
+# bits: at most PACKED_MAX_SPLITS programs a row). A partial is at most BLOCK_V masses of at
+# most 2^40 each, so a row's partials sum below 63 * 2^51 < 2^57 and never carry into the
+# count; the count may wrap the sign bit (63 * 2^58), which the shift and mask ignore.
+PACKED_SHIFT = tl.constexpr(58)
+PACKED_ONE = tl.constexpr(1 << 58)
+PACKED_SUM = tl.constexpr((1 << 58) - 1)
+PACKED_MAX_SPLITS = tl.constexpr(63)
+
+
+@triton.jit
+def draft_step(draft_ptr, draft_probs_ptr, seeds_ptr, positions_ptr, row_ptr, start, b, i, count, vocab,
+               HAS_DRAFT_PROBS: tl.constexpr):
+    """What the exact test of step i of request b reads of the op's inputs, loaded at the
+    program's start so the test waits on none of them: (draft id, whether it lies in the
+    vocab, the entry tested (0 outside), its logit z_x, its draft prob q_x (1 for n-gram),
+    the test's uniform u); a stand-in past the drafts (i = count, the bonus step)."""
+    is_draft = i < count
+    draft = tl.load(draft_ptr + start + i, mask=is_draft, other=-1).to(tl.int64)
+    in_vocab = (draft >= 0) & (draft < vocab)
+    x = tl.where(in_vocab, draft, 0)
+    z_x = tl.sum(load_logits(row_ptr, x + tl.arange(0, 1), in_vocab), axis=0)
+    q_x = tl.full([], 1.0, tl.float32)
+    if HAS_DRAFT_PROBS:
+        q_x = tl.load(draft_probs_ptr + (start + i) * vocab + x, mask=in_vocab, other=0.0)
+    u = tl.sum(acceptance_uniform(tl.load(seeds_ptr + b), tl.load(positions_ptr + b) + i, tl.zeros([1], tl.int32)),
+               axis=0)
+    return draft, in_vocab, x, z_x, q_x, u
+
+
+@triton.jit
+def step_passes(draft, in_vocab, x, z_x, q_x, u, part_arg_ptr, split_max, row_max, total, temperature, greedy, slot,
+                num_splits, BLOCK_S: tl.constexpr):
+    """Whether a draft step passes, as decide_kernel tests it: greedy, the draft is the
+    row's first argmax (row_max_argmax, from ``split_max`` and the argmax partials); random,
+    the exact test u q(x) < p(x) (exact_test) with the row's ``total`` as its normaliser."""
+    if greedy:
+        s = tl.arange(0, BLOCK_S)
+        split_arg = tl.load(part_arg_ptr + slot.to(tl.int64) * num_splits + s, mask=s < num_splits,
+                            other=INDEX_MAX, cache_modifier=".cg")
+        passed = draft == tl.min(tl.where(split_max == row_max, split_arg, INDEX_MAX), axis=0)
+    else:
+        z1 = total.to(tl.float32) * (1.0 / FIXED_SCALE)
+        kth, p_min = tl.full([], float("-inf"), tl.float32), tl.zeros([], tl.float32)  # as decide_kernel's
+        passed, _p_x = exact_test(z_x, q_x, u, x, in_vocab, row_max, temperature, kth, z1, p_min, z2=z1)
+    return passed
+
+
 # Grid (num_splits, batch * width), split fastest: program (s, slot) takes entries
 # [s * BLOCK_V, (s + 1) * BLOCK_V) of the slot's row (unreachable slots exit at once). It
 # stores the block's max and first argmax (row_max_kernel's partials, whose splits here are
 # single blocks), arrives at the slot's counter and waits for num_splits arrivals, then
 # loads the row's max partials past L1, sums floor(w 2^40) of its block at the request's
 # temperature (1 for a greedy request, as fixed_sum_kernel) into the block sums and the
-# normaliser partial. The last program of a row to leave resets the row's counters.
-# Bytes: each reachable row once, the row's max partials once a program.
+# normaliser partial. The last program of a row to leave resets the row's counters, stores
+# the slot's max and normaliser total, and at a draft step its exact acceptance test, as
+# decide_kernel would run it (greedy: the draft is the row's first argmax), so the
+# decisions start at the first failed step instead of walking the passed ones.
+# Bytes: each reachable row once, the row's max partials, the draft's logit and draft prob
+# once a program; a greedy step's argmax partials once a row.
 @triton.jit(do_not_specialize=["num_tokens", "width"])
 def row_max_sum_kernel(
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
     part_sum_ptr,  # [batch * width, num_splits] int64
     block_sum_ptr,  # [batch * width, cdiv(vocab, MASS_BLOCK)] int64
-    counters_ptr,  # [2 * COUNTER_SLOTS] int32, 0 on entry and on exit (row_counters)
+    counters_ptr,  # [4 * COUNTER_SLOTS] int32, 0 on entry and on exit (row_counters)
+    packed_ptr,  # [COUNTER_SLOTS] int64, 0 on entry and on exit: packed_departures(counters)
+    verdict_ptr,  # [batch * width] int32: 1 where a draft step's exact test passed (draft steps only)
+    slot_max_ptr,  # [batch * width] float32: the slot's max logit
+    slot_total_ptr,  # [batch * width] int64: the slot's normaliser total sum floor(w 2^40)
     target_ptr,  # [num_tokens, vocab]
     bonus_ptr,  # [batch, vocab]
+    draft_ptr,  # [num_tokens] int32 | int64
+    draft_probs_ptr,  # [num_tokens, vocab] float32 (HAS_DRAFT_PROBS)
     cu_ptr,  # [batch] int32
     temperature_ptr,  # [batch] float32
+    seeds_ptr,  # [batch] int64
+    positions_ptr,  # [batch] int64
     num_tokens,
     vocab,
     width,
+    HAS_DRAFT_PROBS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     MASS_BLOCK: tl.constexpr,
     BLOCK_S: tl.constexpr,  # a power of two >= num_splits
+    TEST_STEPS: tl.constexpr = True,  # num_splits <= PACKED_MAX_SPLITS; False: no slot statistics or verdicts
     PDL: tl.constexpr = False,
 ):
     chain_launch(PDL, WAITS=False)  # the chain's first launch: a plain one
@@ -100,11 +171,15 @@ def row_max_sum_kernel(
     slot = tl.program_id(1)
     b = slot // width
     i = slot % width
-    row_ptr, _start, count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
+    row_ptr, row_start, count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
     if i <= count:
-        temperature = tl.load(temperature_ptr + b)
-        temperature = tl.where(temperature == 0.0, 1.0, temperature)  # greedy: summed at T = 1
+        request_temperature = tl.load(temperature_ptr + b)
+        greedy = request_temperature == 0.0
+        temperature = tl.where(greedy, 1.0, request_temperature)  # greedy: summed at T = 1
         inverse = exact_inverse(temperature)
+        # (unused, so not loaded, without TEST_STEPS)
+        draft, in_vocab, x, z_x, q_x, u = draft_step(draft_ptr, draft_probs_ptr, seeds_ptr, positions_ptr, row_ptr,
+                                                     row_start, b, i, count, vocab, HAS_DRAFT_PROBS)
         block, entry = mass_tile(BLOCK_V, MASS_BLOCK)
         v = split * BLOCK_V + entry
         z = load_logits(row_ptr, v, v < vocab)
@@ -124,8 +199,9 @@ def row_max_sum_kernel(
         while tl.atomic_add(arrivals, 0, sem="acquire", scope="gpu") < num_splits:
             pass
         s = tl.arange(0, BLOCK_S)
-        row_max = tl.max(tl.load(part_max_ptr + slot.to(tl.int64) * num_splits + s, mask=s < num_splits,
-                                 other=float("-inf"), cache_modifier=".cg"), axis=0)
+        split_max = tl.load(part_max_ptr + slot.to(tl.int64) * num_splits + s, mask=s < num_splits,
+                            other=float("-inf"), cache_modifier=".cg")
+        row_max = tl.max(split_max, axis=0)
         kth = tl.full([], float("-inf"), tl.float32)
         one = tl.full([], 1.0, tl.float32)
         if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
@@ -135,10 +211,28 @@ def row_max_sum_kernel(
         start = split * BLOCK_V + block * MASS_BLOCK
         tl.store(block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, MASS_BLOCK) + start // MASS_BLOCK, masses,
                  mask=start < vocab)
-        tl.store(part_sum_ptr + out, tl.sum(tl.sum(masses, axis=1), axis=0))
+        partial = tl.sum(tl.sum(masses, axis=1), axis=0)
+        tl.store(part_sum_ptr + out, partial)
         # Leaving: the last of the row to leave has seen every program past the wait, so
-        # it may reset both counters for the next call.
-        departures = counters_ptr + COUNTER_SLOTS + slot
-        if tl.atomic_add(departures, 1, sem="relaxed", scope="gpu") == num_splits - 1:
-            tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(departures, 0, sem="relaxed", scope="gpu")
+        # it may reset the counters for the next call. TEST_STEPS: each program leaves with
+        # one atomic that adds its partial and counts it (packed), so the last to leave
+        # holds the row's normaliser total without a read of the partials; it stores the
+        # slot's statistics and the draft step's verdict. (The argmax partials it reads for a
+        # greedy step were published by the arrivals.)
+        if TEST_STEPS:
+            old = tl.atomic_add(packed_ptr + slot, partial + PACKED_ONE, sem="relaxed", scope="gpu")
+            if ((old >> PACKED_SHIFT) & PACKED_MAX_SPLITS) == num_splits - 1:
+                tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(packed_ptr + slot, 0, sem="relaxed", scope="gpu")
+                total = (old + partial) & PACKED_SUM
+                tl.store(slot_max_ptr + slot, row_max)
+                tl.store(slot_total_ptr + slot, total)
+                if i < count:
+                    passed = step_passes(draft, in_vocab, x, z_x, q_x, u, part_arg_ptr, split_max, row_max, total,
+                                         request_temperature, greedy, slot, num_splits, BLOCK_S)
+                    tl.store(verdict_ptr + slot, passed.to(tl.int32))
+        else:
+            departures = counters_ptr + COUNTER_SLOTS + slot
+            if tl.atomic_add(departures, 1, sem="relaxed", scope="gpu") == num_splits - 1:
+                tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(departures, 0, sem="relaxed", scope="gpu")
