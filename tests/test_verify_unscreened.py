@@ -1,7 +1,8 @@
 """The Triton verify's unscreened calls with both row passes in one launch
 (triton_kernels/verify_unscreened.py): the same tokens as the reference and as the two
-launches, the row counters left at zero for the next call, on a GPU rows of many programs
-(more than run at once) and graph replays. Under the interpreter a row is one program (a
+launches, the row counters left at zero for the next call, the steps the launch tests
+(walks of every depth), on a GPU rows of many programs (more than run at once, and more
+than the launch tests) and graph replays. Under the interpreter a row is one program (a
 vocab of at most one block); on a GPU a row takes up to one program an SM."""
 
 from __future__ import annotations
