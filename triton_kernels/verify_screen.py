@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .ragged import draft_range
-from .verify_math import INDEX_MAX, TOP_P_SCALE, chain_launch, load_logits, philox_words, weights
+from .verify_math import INDEX_MAX, acceptance_uniform, chain_launch, load_logits, weights
 from .verify_slots import request_params
 
 MARGIN = tl.constexpr(0.001953125)  # 2^-9: the screen's relative band around p'(x)
@@ -117,8 +117,7 @@ def screen_kernel(
     if not ALL_GREEDY:  # no test under the all-greedy promise: no seed or position read
         seed = tl.load(seeds_ptr + b)
         position = tl.load(positions_ptr + b) + steps
-        w0, _w1, _w2, _w3 = philox_words(seed, position, 0, tl.zeros([BLOCK_W], tl.int32))
-        scaled = (w0 >> 8).to(tl.float32) * (1.0 / TOP_P_SCALE) * q_x  # u q(x), as the exact test
+        scaled = acceptance_uniform(seed, position, tl.zeros([BLOCK_W], tl.int32)) * q_x  # u q(x), as the exact test
     chain_launch(PDL)
     resume = tl.zeros([], tl.int32)
     first_marked = tl.zeros([], tl.int32)
