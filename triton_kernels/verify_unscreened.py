@@ -130,7 +130,8 @@ def step_passes(draft, in_vocab, x, z_x, q_x, u, part_arg_ptr, split_max, row_ma
 # single blocks), arrives at the slot's counter and waits for num_splits arrivals, then
 # loads the row's max partials past L1, sums floor(w 2^40) of its block at the request's
 # temperature (1 for a greedy request, as fixed_sum_kernel) into the block sums and the
-# normaliser partial. The last program of a row to leave resets the row's counters, stores
+# normaliser partial (stored only without TEST_STEPS: with it the partial rides the packed
+# departure). The last program of a row to leave resets the row's counters, stores
 # the slot's max and normaliser total, and at a draft step its exact acceptance test, as
 # decide_kernel would run it (greedy: the draft is the row's first argmax), so the
 # decisions start at the first failed step instead of walking the passed ones.
@@ -140,7 +141,7 @@ def step_passes(draft, in_vocab, x, z_x, q_x, u, part_arg_ptr, split_max, row_ma
 def row_max_sum_kernel(
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
-    part_sum_ptr,  # [batch * width, num_splits] int64
+    part_sum_ptr,  # [batch * width, num_splits] int64 (without TEST_STEPS)
     block_sum_ptr,  # [batch * width, cdiv(vocab, MASS_BLOCK)] int64
     counters_ptr,  # [4 * COUNTER_SLOTS] int32, 0 on entry and on exit (row_counters)
     packed_ptr,  # [COUNTER_SLOTS] int64, 0 on entry and on exit: packed_departures(counters)
@@ -212,7 +213,8 @@ def row_max_sum_kernel(
         tl.store(block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, MASS_BLOCK) + start // MASS_BLOCK, masses,
                  mask=start < vocab)
         partial = tl.sum(tl.sum(masses, axis=1), axis=0)
-        tl.store(part_sum_ptr + out, partial)
+        if not TEST_STEPS:  # else the decisions read the slot's total, never the partials
+            tl.store(part_sum_ptr + out, partial)
         # Leaving: the last of the row to leave has seen every program past the wait, so
         # it may reset the counters for the next call. TEST_STEPS: each program leaves with
         # one atomic that adds its partial and counts it (packed), so the last to leave
