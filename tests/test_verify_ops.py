@@ -168,17 +168,23 @@ def assert_tokens_match_reference(inputs, max_spec_len, device, backend, validat
         assert torch.equal(g.cpu(), e), f"{name} differs:\n{g}\n{e}"
 
 
-@pytest.fixture(params=["screened", "unscreened"])
+@pytest.fixture(params=["screened", "screen-launch", "unscreened"])
 def screen(request, monkeypatch):
     """The Triton launcher with and without its screen on tokens-only calls (one request
-    with few bytes of rows skips it by default: every test exact), and the CUDA kernel with
-    and without its screened path (SPECOPS_VERIFY_SCREEN; the CPU kernel ignores both)."""
+    with few bytes of rows skips it by default: every test exact), the screen settled in
+    the max pass (the default) or by its own launch (MAX_PASS_TESTS off: calls the max pass
+    cannot serve), and the CUDA kernel with and without its screened path
+    (SPECOPS_VERIFY_SCREEN; the CPU kernel ignores all three)."""
     from specops.triton_kernels import verify as triton_verify
 
+    backend = request.node.callspec.params.get("backend")
+    if request.param == "screen-launch" and backend != Backend.TRITON:
+        pytest.skip("the Triton launcher's form only")
     unscreened = request.param == "unscreened"
     monkeypatch.setenv("SPECOPS_VERIFY_SCREEN", "0" if unscreened else "1")
     monkeypatch.setattr(triton_verify, "UNSCREENED_MAX_BATCH", 1 << 30 if unscreened else 0)
     monkeypatch.setattr(triton_verify, "UNSCREENED_BYTES", 1 << 62 if unscreened else 0)
+    monkeypatch.setattr(triton_verify, "MAX_PASS_TESTS", request.param != "screen-launch")
     return request.param
 
 

@@ -2,7 +2,8 @@
 whose arithmetic must match the reference bit for bit has no fused multiply-add and no
 approximate division (reference/repro_math.py: one rounded float32 operation per step).
 row_max_kernel and screen_kernel divide approximately on purpose: their sums are
-approximate by design (triton_kernels/verify_screen.py says why that stays exact).
+approximate by design (triton_kernels/verify_screen.py says why that stays exact; so do
+row_max_kernel's tests, verify_rows.py).
 Under TRITON_INTERPRET=1 (how the suite runs on CPU) @triton.jit makes interpreted
 functions, which cannot be compiled: the file then runs itself in a fresh process without
 the interpreter."""
@@ -35,6 +36,7 @@ FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_
 CASES = [
     ("row_max", verify_rows.row_max_kernel, {"ALL_GREEDY": False, "BLOCK_V": 2048}, True),
     ("row_max, all greedy", verify_rows.row_max_kernel, {"ALL_GREEDY": True, "BLOCK_V": 2048}, True),
+    ("row_max, tests", verify_rows.row_max_kernel, {"ALL_GREEDY": False, "BLOCK_V": 2048, "TESTS": True}, True),
     ("screen", verify_screen.screen_kernel, {"ALL_GREEDY": False}, True),
     ("screen, all greedy", verify_screen.screen_kernel, {"ALL_GREEDY": True, "RETURN_LOGPROBS": False}, True),
     ("top-k search", verify_search.threshold_search_kernel, {"MODE": 0, "BLOCK_V": 256}, False),
@@ -43,6 +45,9 @@ CASES = [
     ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
     ("fixed sum, unscreened", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048, "MARKED": False},
      False),
+    ("fixed sum, verdicts", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048, "MARKED": False,
+                                                           "VERDICTS": True, "HAS_TOP_K": False, "HAS_TOP_P": False},
+     False),
     ("decide", verify_decide.decide_kernel, {}, False),
     ("residual sample", verify_sample.residual_sample_kernel, {}, False),
     ("residual sample, no logprobs", verify_sample.residual_sample_kernel, {"RETURN_LOGPROBS": False}, False),
@@ -50,8 +55,12 @@ CASES = [
     ("row max and sum, unscreened", verify_unscreened.row_max_sum_kernel, {}, False),
     ("decide, unscreened", verify_decide.decide_kernel, {"SCREENED": False, "HAS_TOP_K": False, "HAS_TOP_P": False,
                                                           "RETURN_LOGPROBS": False}, False),
-    ("decide, verdicts", verify_decide.decide_kernel, {"SCREENED": False, "VERDICTS": True, "HAS_TOP_K": False,
-                                                       "HAS_TOP_P": False, "RETURN_LOGPROBS": False}, False),
+    ("decide, verdicts", verify_decide.decide_kernel, {"SCREENED": False, "VERDICTS": True, "SLOT_STATS": True,
+                                                       "HAS_TOP_K": False, "HAS_TOP_P": False,
+                                                       "RETURN_LOGPROBS": False}, False),
+    ("decide, max pass verdicts", verify_decide.decide_kernel, {"SCREENED": False, "VERDICTS": True,
+                                                                "HAS_TOP_K": False, "HAS_TOP_P": False,
+                                                                "RETURN_LOGPROBS": False}, False),
 ]
 
 
@@ -195,6 +204,23 @@ def test_one_launch_sums_after_its_rows_max():
     assert "exch.b64" in after, "the last to leave does not reset the packed departures"
     plain = _ptx(verify_unscreened.row_max_sum_kernel, {"TEST_STEPS": False}, num_warps=verify.SUM_WARPS)
     assert re.findall(r"atom\.global\.gpu\.relaxed\.add\.u(32|64)", plain) == ["32"]
+
+
+@pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
+def test_max_pass_tests_leave_without_waiting():
+    """row_max_kernel with TESTS, as launched (verify.py): a program leaves by one relaxed
+    64-bit atomic add (its test's partial and its departure, packed) and the row's last
+    resets the word with one exchange; no acquire, release or fence: the max pass never
+    waits for another program. Without TESTS no atomic at all."""
+    from specops.triton_kernels import verify
+
+    options = {"num_warps": verify.NUM_WARPS, "maxnreg": 48}
+    ptx = _ptx(verify_rows.row_max_kernel, {"ALL_GREEDY": False, "BLOCK_V": 2048, "TESTS": True}, **options)
+    assert re.findall(r"atom\.global\.gpu\.(\w+)\.add\.u(32|64)", ptx) == [("relaxed", "64")]
+    assert len(re.findall(r"atom\.global\.gpu\.relaxed\.exch\.b64", ptx)) == 1
+    assert not re.search(r"\b(acquire|release|acq_rel)\b|membar|fence", ptx)
+    plain = _ptx(verify_rows.row_max_kernel, {"ALL_GREEDY": False, "BLOCK_V": 2048}, **options)
+    assert "atom." not in plain
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the compile tests above run in this process")

@@ -6,7 +6,10 @@ alone (no host sync: CUDA-graph capturable).
 Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot is a
 (request, step) pair, B * width of them; programs of unreachable slots exit at once):
 1. row max, first argmax and an approximate normaliser, grid (B * width, S): every
-   reachable target and bonus row once;
+   reachable target and bonus row once; in calls without top-k, top-p or
+   log-probabilities (MAX_PASS_TESTS) it also settles the acceptance tests (the last
+   program of a draft step's row stores a verdict: passes, fails or unsettled), and 3 is
+   not launched;
 2. top-k search (only with top_k given): 9 rounds, grid (B * width, S), top-k rows; a
    split reads its row until few enough of its entries lie in the search interval, then
    the keys it kept (verify_search.py);
@@ -18,11 +21,13 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
    every reachable step is then summed in 4 and tested exactly in 6, and on a GPU 1 and 4
    are one launch (verify_unscreened.py: a program a block, waiting for its row's max;
    the last of a row's programs tests its step exactly, and 6 starts at the first failure);
-4. exact fixed-point normaliser z1, grid (B * S,): the marked steps of each request
+4. exact fixed-point normaliser z1, grid (B * S,): the marked steps of each request (or
+   the steps the verdicts of 1 leave, marked the same way)
    (always a range, usually one step) in turn; with top-k, top-p or log-probabilities
    (every step marked) grid (width * B * S,), a step each;
 5. top-p search and normaliser z2 (only with top_p given): 8 rounds + 1, top-p rows;
-6. decisions, grid (B,): the remaining acceptance tests, exactly, from the screen's stop;
+6. decisions, grid (B,): the remaining acceptance tests, exactly, from the screen's stop
+   (or the first step whose verdict is not a pass);
    a bonus row or n-gram rejection draws its token here, by inversion over the normaliser's
    block sums, then inside one block (verify_sample.py); a rejection with draft probs tries
    its residual proposals here (draws from the same block sums, each kept with
@@ -131,6 +136,10 @@ ONE_LAUNCH_UNSCREENED = True
 # H100, queued graph replays (bench/NOTES.md): B=1 random 16.3 -> 14.5 µs with 3 drafts
 # accepted, 14.8 -> 14.3 with 1, 14.0 -> 14.3 with none; n-gram 11.8 -> 12.3.
 ONE_LAUNCH_VERDICTS = True
+# Screened calls without top-k, top-p or log-probabilities: the max pass settles the
+# acceptance tests itself (verify_rows.py: row_max_kernel's TESTS; rows of at most
+# PACKED_MAX_SPLITS programs, at most COUNTER_SLOTS slots) and no screen launch runs.
+MAX_PASS_TESTS = True
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
 PROGRAMS_PER_SM = 4
 # Programmatic dependent launch of each launch after the first (sm_90+): it is scheduled
@@ -234,6 +243,13 @@ def verify(
         sum_split_len = wave_split_len(sum_rows, vocab, device, SUM_RESIDENT, BLOCK_V)
     num_splits = triton.cdiv(vocab, split_len)
     sum_splits = triton.cdiv(vocab, sum_split_len)
+    # The max pass tests the steps (its last program of a row sums the row's packed
+    # partials, verify_slots.py), else the screen launch does.
+    max_pass_tests = (screened and not exact_everywhere and not greedy_only and bool(MAX_PASS_TESTS)
+                      and num_splits <= PACKED_MAX_SPLITS.value)
+    if max_pass_tests:
+        counters = row_counters(device, num_slots)  # None: none free of a fill in this graph
+        max_pass_tests = counters is not None
     block_s = triton.next_power_of_2(max(num_splits, sum_splits))
 
     def empty(*shape, dtype):
@@ -289,9 +305,16 @@ def verify(
             MASS_BLOCK=mass_block, BLOCK_S=block_s, TEST_STEPS=test_steps, num_warps=SUM_WARPS,
             enable_fp_fusion=False, PDL=pdl)  # the chain's first launch: a plain one
     else:
-        part_approx = empty(num_slots, num_splits, dtype=torch.float32)
-        row_max_kernel[grid](part_max, part_arg, part_approx, *rows, temperature_arg, *sizes,
-                             ALL_GREEDY=greedy_only, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, PDL=pdl,
+        if max_pass_tests:
+            part_approx = part_max  # not written
+            verdict = empty(num_slots, dtype=torch.int32)
+            tests = (packed_departures(counters), verdict, draft_token_ids, draft_probs_arg, seeds, positions)
+        else:
+            part_approx = empty(num_slots, num_splits, dtype=torch.float32)
+            tests = (part_max, part_arg, draft_token_ids, part_max, seeds, positions)  # stand-ins, never read
+        row_max_kernel[grid](part_max, part_arg, part_approx, *rows, temperature_arg, *tests, *sizes,
+                             ALL_GREEDY=greedy_only, BLOCK_V=BLOCK_V, TESTS=max_pass_tests,
+                             HAS_DRAFT_PROBS=draft_probs is not None, num_warps=NUM_WARPS, PDL=pdl,
                              maxnreg=REGISTERS_PER_SM // (ROW_MAX_RESIDENT * NUM_WARPS * 32) // 8 * 8)
     flags = {"HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_S": block_s}
     search_flags = {"BLOCK_V": search_block_v, "UNROLL": SEARCH_UNROLL, "num_warps": SEARCH_WARPS, **flags, **exact}
@@ -300,25 +323,27 @@ def verify(
                                       *params, num_tokens, vocab, width, split_len, search_round, *keeping,
                                       MODE=TOP_K_MODE, **search_flags)
     # Written by the screen only (unscreened: never read, the output stands in).
-    marked = empty(batch, 2, dtype=torch.int32) if screened else out
-    resume = empty(batch, dtype=torch.int32) if screened else out
+    screen_launch = screened and not max_pass_tests
+    marked = empty(batch, 2, dtype=torch.int32) if screen_launch else out
+    resume = empty(batch, dtype=torch.int32) if screen_launch else out
     request = (target_logits, bonus_logits, draft_token_ids, draft_probs_arg, cu_num_draft_tokens, *params, seeds,
                positions, num_tokens, vocab, width, num_splits)
     request_flags = {"HAS_DRAFT_PROBS": draft_probs is not None, "RETURN_LOGPROBS": return_logprobs, **flags}
-    if screened:
+    if screen_launch:
         screen_kernel[(batch,)](out, num_accepted, marked, resume, part_max, part_arg, part_approx, *request,
                                 ALL_GREEDY=greedy_only, BLOCK_W=triton.next_power_of_2(width),
                                 num_warps=SCREEN_WARPS, **request_flags, **exact)
     if greedy_only:
         return out, num_accepted, logprobs
-    sums = (marked, part_max, part_arg, *top_k_search, *top_p_search)
+    sums = (marked, verdict if max_pass_tests else marked, part_max, part_arg, *top_k_search, *top_p_search)
     sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits, batch)
     # One program per (request, split) walking the request's marked steps (usually one; no
     # idle programs: B = 16 random 39.0 -> 33.7 µs, bench/NOTES.md), or with every step
     # marked one per (step, request, split).
     step_programs = 1 if screened and not exact_everywhere else width
     sum_grid = (step_programs * batch * sum_splits,)
-    sum_flags = {"BLOCK_V": BLOCK_V, "MASS_BLOCK": mass_block, "MARKED": screened, "num_warps": SUM_WARPS,
+    sum_flags = {"BLOCK_V": BLOCK_V, "MASS_BLOCK": mass_block, "MARKED": screen_launch,
+                 "VERDICTS": max_pass_tests, "BLOCK_W": triton.next_power_of_2(width), "num_warps": SUM_WARPS,
                  **flags, **exact}
     if not one_launch:
         fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
@@ -337,10 +362,12 @@ def verify(
     arrivals = empty(batch, dtype=torch.int32) if draft_probs is not None else resume
     decide_kernel[(batch,)](
         out, num_accepted, logprobs if return_logprobs else out, sample_float, sample_int, arrivals, block_sum,
-        resume, *(verdicts if one_launch else (out, part_max, part_sum)), part_max, part_arg, part_sum, part_sum2,
+        resume, *(verdicts if one_launch else (verdict if max_pass_tests else out, part_max, part_sum)), part_max,
+        part_arg, part_sum, part_sum2,
         *top_k_search, *top_p_search, *request, sum_splits, **request_flags, MASS_BLOCK=mass_block,
         BLOCK_B=triton.next_power_of_2(triton.cdiv(vocab, mass_block)), PROPOSAL_ROUND=PROPOSAL_ROUND,
-        BLOCK_W=triton.next_power_of_2(width), SCREENED=screened, VERDICTS=test_steps, num_warps=DECIDE_WARPS, **exact,
+        BLOCK_W=triton.next_power_of_2(width), SCREENED=screen_launch,
+        VERDICTS=test_steps or max_pass_tests, SLOT_STATS=test_steps, num_warps=DECIDE_WARPS, **exact,
     )
     if draft_probs is None:  # every token drawn by the decisions
         return out, num_accepted, logprobs

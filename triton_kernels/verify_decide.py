@@ -26,8 +26,9 @@ from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token, propose_resid
 
 
 # Grid (batch,). Program b walks request b's steps from resume[b] (the screen emitted the
-# steps before it; without SCREENED from the first step whose exact test failed in the max
-# pass (VERDICTS), or from step 0, every test exact) with the combined row
+# steps before it; without SCREENED from the first step the max pass's test did not pass
+# (VERDICTS: exact, verify_unscreened.py, or settled from approximate sums,
+# verify_rows.py), or from step 0, every test exact) with the combined row
 # statistics and exact normalisers: greedy: emit the argmax, stop at the first mismatch;
 # random: the acceptance test u q(x) < p(x) (u from Philox, p(x) from one logit and the
 # row's max and normalisers), stop at the first rejection or the bonus step, where a random
@@ -46,9 +47,9 @@ def decide_kernel(
     arrivals_ptr,  # [batch] int32: zeroed for residual_sample_kernel (HAS_DRAFT_PROBS)
     block_sum_ptr,  # [batch * width, cdiv(vocab, MASS_BLOCK)] int64: fixed_sum_kernel's block sums
     resume_ptr,  # [batch] int32: first step to decide here (-1: none; verify_screen.py)
-    verdict_ptr,  # [batch * width] int32 (VERDICTS): 1 where the step's draft passed its exact test
-    slot_max_ptr,  # [batch * width] float32 (VERDICTS): each slot's max logit
-    slot_total_ptr,  # [batch * width] int64 (VERDICTS): each slot's normaliser total (integer)
+    verdict_ptr,  # [batch * width] int32 (VERDICTS): 1 where the step's draft passed its test in the max pass
+    slot_max_ptr,  # [batch * width] float32 (SLOT_STATS): each slot's max logit
+    slot_total_ptr,  # [batch * width] int64 (SLOT_STATS): each slot's normaliser total (integer)
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
     part_sum_ptr,  # [batch * width, sum_splits] int64: z1 partials
@@ -79,7 +80,8 @@ def decide_kernel(
     PROPOSAL_ROUND: tl.constexpr,  # residual proposals tried at a time (divides RESIDUAL_PROPOSALS)
     BLOCK_W: tl.constexpr,  # a power of two >= width
     SCREENED: tl.constexpr = True,  # False: no screen ran, every request is walked from step 0
-    VERDICTS: tl.constexpr = False,  # unscreened: from the first step the max pass failed (verify_unscreened.py)
+    VERDICTS: tl.constexpr = False,  # not SCREENED: from the first step the max pass did not pass
+    SLOT_STATS: tl.constexpr = False,  # (VERDICTS) the max pass stored each slot's statistics (verify_unscreened.py)
     PDL: tl.constexpr = False,
 ):
     # Before the wait (PDL): the op's own inputs only (verify_math.chain_launch): every
@@ -114,9 +116,9 @@ def decide_kernel(
         tl.store(arrivals_ptr + b, 0)
     if SCREENED:
         i = tl.load(resume_ptr + b)
-    elif VERDICTS:  # the max pass tested every step: emit the drafts before the first that failed
+    elif VERDICTS:  # the max pass tested every step: emit the drafts before the first that did not pass
         verdicts = tl.load(verdict_ptr + b * width + steps, mask=steps < count, other=0)
-        i = tl.min(tl.where((steps < count) & (verdicts == 0), steps, count), axis=0).to(tl.int32)
+        i = tl.min(tl.where((steps < count) & (verdicts != 1), steps, count), axis=0).to(tl.int32)
         tl.store(out_row + steps, step_drafts.to(tl.int32), mask=steps < i)
     else:
         i = tl.zeros([], tl.int32)
@@ -151,7 +153,7 @@ def decide_kernel(
             block_sums = tl.load(block_sum_ptr + slot.to(tl.int64) * num_mass_blocks + mass_blocks,
                                  mask=mass_blocks < num_mass_blocks, other=0)
             # mass_total: the sum of the block sums a draw searches (the pass that last wrote them).
-            if VERDICTS:  # the slot's combined statistics, stored by the max pass
+            if SLOT_STATS:  # the slot's combined statistics, stored by the max pass
                 max_logit = tl.load(slot_max_ptr + slot)
                 mass_total = tl.load(slot_total_ptr + slot)
                 z1 = mass_total.to(tl.float32) * (1.0 / FIXED_SCALE)

@@ -20,7 +20,8 @@ import triton.language as tl
 from .ragged import draft_range
 from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, fixed_weights, load_logits, processed_weights
 from .verify_search import row_kth, row_p_min
-from .verify_slots import request_params, row_fixed_sum, row_max_argmax, slot_row
+from .verify_slots import (PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, request_params, row_fixed_sum,
+                           row_max_argmax, slot_row)
 
 
 @triton.jit
@@ -73,54 +74,186 @@ def _scan(row_ptr, v_begin, split_len, vocab, neg_scale, WITH_SUM: tl.constexpr,
     return best, v_begin + best_offset + lane, approx
 
 
+# The max pass's acceptance tests (row_max_kernel, TESTS): a verdict per draft step.
+PASSES = tl.constexpr(1)  # the step's exact test passes (greedy: the draft is the first argmax)
+FAILS = tl.constexpr(0)  # it fails
+UNSETTLED = tl.constexpr(2)  # the approximate sum cannot tell: the exact normaliser decides
+# A random step's packed partial (verify_slots.py): u q(x) sum_v 2^((z_v - z_x) log2(e) / T)
+# over the split in 2^-40 units, capped at 4 (past 1 + margin the step fails whatever the
+# rest adds), in bits 0-47 (63 programs * 4 * 2^40 < 2^48), and in bits 48-53 one count
+# for a split whose max lies over TRUSTED_RATIO binades above z_x.
+TEST_SCALE = tl.constexpr(1099511627776.0)  # 2^40
+TEST_CAP = tl.constexpr(4.0)
+TEST_SUM = tl.constexpr((1 << 48) - 1)
+FAR_SHIFT = tl.constexpr(48)
+TRUSTED_RATIO = tl.constexpr(100.0)  # binades: p(x) >= 2^-100 / vocab, a normal float
+# The screen's band (verify_screen.py: MARGIN, 2^-9) around 1 in 2^-40 units.
+TEST_LOW = tl.constexpr((1 << 40) - (1 << 31))
+TEST_HIGH = tl.constexpr((1 << 40) + (1 << 31))
+
+
+@triton.jit
+def _load_block(block_ptr, lane, limit, MASKED: tl.constexpr):
+    """One block of a row as float32 (MASKED: the lanes below ``limit``, -inf past them)."""
+    if MASKED:
+        raw = tl.load(block_ptr + lane, mask=lane < limit, other=float("-inf"))
+    else:
+        raw = tl.load(block_ptr + lane)
+    return raw.to(tl.float32)
+
+
+@triton.jit
+def _test_block(raw, lane, offset, best, best_offset, acc, z_x, scale, x_rel, MODE: tl.constexpr):
+    """_scan_tests' step over one loaded block (as _scan_block): the lane max and offset;
+    MODE 1 (greedy) counts the entries that come before the draft in the first-argmax order
+    (a larger logit, or the draft's own at a lower index), MODE 2 (random) adds
+    2^((z - z_x) scale), MODE 0 (bonus row) neither."""
+    z = tl.where(tl.abs(raw) < float("inf"), raw, float("-inf"))  # +-inf and NaN: probability 0
+    better = z > best
+    if MODE == 1:
+        acc += ((z > z_x) | ((z == z_x) & (offset + lane < x_rel))).to(tl.int32)
+    elif MODE == 2:
+        acc += tl.exp2((z - z_x) * scale)  # -inf: 0
+    best = tl.maximum(best, z)
+    best_offset = tl.where(better, offset, best_offset)
+    return best, best_offset, acc
+
+
+@triton.jit
+def _scan_tests(row_ptr, v_begin, end, first, z_x, scale, x_rel, MODE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """As _scan over the split's ``end`` entries, with its part of a draft step's test
+    (_test_block's MODE) instead of the approximate normaliser: (per-lane max, its first
+    index, the split's count or sum). ``first``: the split's first block, loaded (masked to
+    ``end``) before the program's loads of the draft, so their latencies overlap."""
+    lane = tl.arange(0, BLOCK_V)
+    best = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    best_offset = tl.zeros([BLOCK_V], tl.int32)
+    if MODE == 1:
+        acc = tl.zeros([BLOCK_V], tl.int32)
+    else:
+        acc = tl.zeros([BLOCK_V], tl.float32)
+    best, best_offset, acc = _test_block(first, lane, 0, best, best_offset, acc, z_x, scale, x_rel, MODE)
+    whole = end - end % BLOCK_V
+    offset = BLOCK_V
+    while offset < whole:
+        raw = _load_block(row_ptr + v_begin + offset, lane, BLOCK_V, False)
+        best, best_offset, acc = _test_block(raw, lane, offset, best, best_offset, acc, z_x, scale, x_rel, MODE)
+        offset += BLOCK_V
+    if offset < end:
+        raw = _load_block(row_ptr + v_begin + offset, lane, end - offset, True)
+        best, best_offset, acc = _test_block(raw, lane, offset, best, best_offset, acc, z_x, scale, x_rel, MODE)
+    return best, v_begin + best_offset + lane, tl.sum(acc, axis=0)
+
+
 # Grid (batch * width, num_splits). Program (slot, s) reads entries
 # [s * split_len, (s + 1) * split_len) of the slot's row once: its max, first argmax, and
 # an approximate normaliser sum_v 2^((z_v - m_s) log2(e) / T) relative to the split's max
 # m_s (hardware exp2, online rescaling; unused in greedy rows). The approximate sums let
 # the screen settle most acceptance tests without the exact normaliser (verify_screen.py),
 # so the second, exact pass reads only the rows that need it. ALL_GREEDY: the caller
-# promised every request is greedy (temperature not read, no sums: 0 stored). Bytes: the
-# row once over all splits.
+# promised every request is greedy (temperature not read, no sums: 0 stored).
+# TESTS: the max pass settles the tests itself, and no screen runs. A draft step's programs
+# load the draft, its logit z_x, draft prob and uniform at their start and, instead of the
+# normaliser, add u q(x) sum_v 2^((z_v - z_x) log2(e) / T) over their split (that sum is
+# u q(x) / p(x) up to the approximations the screen's band covers; verify_screen.py says
+# why) or, greedy, count the entries that precede the draft in the first-argmax order;
+# they leave by one packed atomic (verify_slots.py), and the row's last to leave stores
+# the step's verdict: PASSES below 1 - 2^-9, FAILS from 1 + 2^-9 (or a draft outside the
+# vocab, or q(x) = 0), UNSETTLED between, or where a split's max lies more than
+# TRUSTED_RATIO binades above z_x, z_x is -inf or 1 / T overflows; greedy, PASSES when none
+# precedes the draft (exact). Bonus rows store their max and argmax only.
+# Bytes: the row once over all splits (TESTS: and the draft's logit and draft prob).
 @triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
 def row_max_kernel(
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
-    part_approx_ptr,  # [batch * width, num_splits] float32
+    part_approx_ptr,  # [batch * width, num_splits] float32 (not TESTS)
     target_ptr,  # [num_tokens, vocab] float32 | bfloat16 | float16
     bonus_ptr,  # [batch, vocab]
     cu_ptr,  # [batch] int32
     temperature_ptr,  # [batch] float32 (not read when ALL_GREEDY)
+    packed_ptr,  # [batch * width] int64, 0 on entry and on exit (TESTS; verify_unscreened.packed_departures)
+    verdict_ptr,  # [batch * width] int32, written at draft steps (TESTS)
+    draft_ptr,  # [num_tokens] int32 | int64 (TESTS)
+    draft_probs_ptr,  # [num_tokens, vocab] float32 (TESTS and HAS_DRAFT_PROBS)
+    seeds_ptr,  # [batch] int64 (TESTS)
+    positions_ptr,  # [batch] int64 (TESTS)
     num_tokens,
     vocab,
     width,
     split_len,  # a multiple of BLOCK_V
     ALL_GREEDY: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    TESTS: tl.constexpr = False,
+    HAS_DRAFT_PROBS: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     chain_launch(PDL, WAITS=False)  # the chain's first launch: a plain one
     slot = tl.program_id(0)
     split = tl.program_id(1)
+    num_splits = tl.num_programs(1)
     b = slot // width
     i = slot % width
-    row_ptr, _start, count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
+    row_ptr, start, count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
     if i <= count:
         v_begin = split * split_len
-        out = slot.to(tl.int64) * tl.num_programs(1) + split
+        out = slot.to(tl.int64) * num_splits + split
         if ALL_GREEDY:
+            temperature = 0.0
             scale = 0.0
         else:
             temperature = tl.load(temperature_ptr + b)
             scale = tl.where(temperature == 0.0, 0.0, 1.4426950408889634 / temperature)  # greedy: unused
-        best, best_index, approx = _scan(row_ptr, v_begin, split_len, vocab, -scale, not ALL_GREEDY, BLOCK_V)
-        split_best = tl.max(best, axis=0)
-        split_sum = tl.zeros([], tl.float32)
-        if not ALL_GREEDY:
-            lane_weight = tl.where(best == float("-inf"), 0.0, tl.exp2((best - split_best) * scale))
-            split_sum = tl.sum(approx * lane_weight, axis=0)
+        if TESTS:
+            end = tl.minimum(split_len, vocab - v_begin)
+            first = _load_block(row_ptr + v_begin, tl.arange(0, BLOCK_V), end, True)
+            draft, in_vocab, x, z_x, q_x, u = draft_step(draft_ptr, draft_probs_ptr, seeds_ptr, positions_ptr, row_ptr,
+                                                         start, b, i, count, vocab, HAS_DRAFT_PROBS)
+            greedy = temperature == 0.0
+            trusted = (z_x > float("-inf")) & (scale < float("inf"))  # else UNSETTLED (and no NaN summed)
+            if i == count:
+                best, best_index, _none = _scan_tests(row_ptr, v_begin, end, first, z_x, 0.0, 0, 0, BLOCK_V)
+                split_best = tl.max(best, axis=0)
+                addend = tl.zeros([], tl.int64)
+            elif greedy:
+                best, best_index, ahead = _scan_tests(row_ptr, v_begin, end, first, z_x, 0.0,
+                                                      (x - v_begin).to(tl.int32), 1, BLOCK_V)
+                split_best = tl.max(best, axis=0)
+                addend = ahead.to(tl.int64)
+            else:
+                best, best_index, total = _scan_tests(row_ptr, v_begin, end, first, tl.where(trusted, z_x, 0.0),
+                                                      tl.where(trusted, scale, 1.0), 0, 2, BLOCK_V)
+                split_best = tl.max(best, axis=0)
+                scaled = total * (u * q_x)
+                # NaN (inf * 0: a far split, so UNSETTLED) to the cap; below 0 (q(x) < 0, which
+                # FAILS) to 0: an addend outside [0, cap] would carry into the count.
+                scaled = tl.maximum(tl.where(scaled < TEST_CAP, scaled, TEST_CAP), 0.0)
+                far = (split_best - z_x) * scale > TRUSTED_RATIO
+                addend = (scaled * TEST_SCALE).to(tl.int64) + (far.to(tl.int64) << FAR_SHIFT)
+        else:
+            best, best_index, approx = _scan(row_ptr, v_begin, split_len, vocab, -scale, not ALL_GREEDY, BLOCK_V)
+            split_best = tl.max(best, axis=0)
+            split_sum = tl.zeros([], tl.float32)
+            if not ALL_GREEDY:
+                lane_weight = tl.where(best == float("-inf"), 0.0, tl.exp2((best - split_best) * scale))
+                split_sum = tl.sum(approx * lane_weight, axis=0)
+            tl.store(part_approx_ptr + out, split_sum)
         tl.store(part_max_ptr + out, split_best)
         tl.store(part_arg_ptr + out, tl.min(tl.where(best == split_best, best_index, INDEX_MAX), axis=0))
-        tl.store(part_approx_ptr + out, split_sum)
+        if TESTS:
+            if i < count:
+                old = tl.atomic_add(packed_ptr + slot, addend + PACKED_ONE, sem="relaxed", scope="gpu")
+                if ((old >> PACKED_SHIFT) & PACKED_MAX_SPLITS) == num_splits - 1:  # the row's last to leave
+                    tl.atomic_xchg(packed_ptr + slot, 0, sem="relaxed", scope="gpu")
+                    row = (old + addend) & PACKED_SUM
+                    if greedy:
+                        verdict = tl.where(in_vocab & (row == 0), PASSES, FAILS)
+                    else:
+                        sure = trusted & ((row >> FAR_SHIFT) == 0)
+                        test = row & TEST_SUM
+                        verdict = tl.where(test < TEST_LOW, PASSES, tl.where(test >= TEST_HIGH, FAILS, UNSETTLED))
+                        verdict = tl.where(in_vocab & (q_x > 0.0), tl.where(sure, verdict, UNSETTLED), FAILS)
+                    tl.store(verdict_ptr + slot, verdict.to(tl.int32))
 
 
 # Grid (step_programs * batch * sum_splits,), split fastest, then request, then j: program
@@ -135,7 +268,8 @@ def row_max_kernel(
 def fixed_sum_kernel(
     part_sum_ptr,  # [batch * width, sum_splits] int64, written
     block_sum_ptr,  # [batch * width, cdiv(vocab, MASS_BLOCK)] int64, written: the sums per block
-    marked_ptr,  # [batch, 2] int32: the steps whose exact normaliser the decisions need
+    marked_ptr,  # [batch, 2] int32: the steps whose exact normaliser the decisions need (MARKED)
+    verdict_ptr,  # [batch * width] int32 (VERDICTS): the max pass's verdicts of the draft steps
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
     top_k_state_ptr,  # [TOP_K_ROUNDS, batch * width, 2] int64 (verify_search.py)
@@ -161,7 +295,9 @@ def fixed_sum_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     MASS_BLOCK: tl.constexpr,  # divides BLOCK_V: entries per stored block sum
-    MARKED: tl.constexpr = True,  # False: no screen ran, every reachable step is summed
+    MARKED: tl.constexpr = True,  # False: no screen ran, every reachable step is summed (or VERDICTS)
+    VERDICTS: tl.constexpr = False,  # (not MARKED) the steps the max pass's verdicts leave (row_max_kernel, TESTS)
+    BLOCK_W: tl.constexpr = 8,  # (VERDICTS) a power of two >= width
     PDL: tl.constexpr = False,
 ):
     program = tl.program_id(0)
@@ -174,13 +310,22 @@ def fixed_sum_kernel(
     # Before the wait (PDL): the op's own inputs only (verify_math.chain_launch).
     temperature, uses_top_k, top_k, uses_top_p, top_p = request_params(
         b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)
-    temperature = tl.where(temperature == 0.0, 1.0, temperature)
+    greedy = temperature == 0.0
+    temperature = tl.where(greedy, 1.0, temperature)
     inverse = exact_inverse(temperature)
     _start, num_drafts = draft_range(cu_ptr, b, num_tokens, width - 1)  # unused (dropped) when MARKED
     chain_launch(PDL)
     if MARKED:
         first = tl.load(marked_ptr + b * 2)
         count = tl.load(marked_ptr + b * 2 + 1)
+    elif VERDICTS:
+        # As the screen marks: the first step that does not surely pass (the bonus step when
+        # all do), and after an unsettled one every later step too; greedy requests none.
+        steps = tl.arange(0, BLOCK_W)
+        verdicts = tl.load(verdict_ptr + b * width + steps, mask=steps < num_drafts, other=PASSES)
+        first = tl.min(tl.where((steps < num_drafts) & (verdicts != PASSES), steps, num_drafts), axis=0).to(tl.int32)
+        unsettled = tl.sum(((steps == first) & (verdicts == UNSETTLED)).to(tl.int32), axis=0) > 0
+        count = tl.where(greedy, 0, tl.where(unsettled, num_drafts + 1 - first, 1)).to(tl.int32)
     else:
         first = tl.zeros([], tl.int32)
         count = (num_drafts + 1).to(tl.int32)

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .ragged import draft_range
-from .verify_math import FIXED_SCALE, INDEX_MAX
+from .verify_math import FIXED_SCALE, INDEX_MAX, acceptance_uniform, load_logits
 
 
 @triton.jit
@@ -83,3 +83,36 @@ def row_fixed_sum(part_sum_ptr, slot, num_splits, BLOCK_S: tl.constexpr):
     """sum_v floor(w_v 2^40) 2^-40 of a slot, rounded once to float32."""
     return row_fixed_total(part_sum_ptr, slot, num_splits, BLOCK_S).to(tl.float32) * (1.0 / FIXED_SCALE)
 
+
+
+# A packed departure: a row's programs leave by one relaxed 64-bit atomic add each of their
+# partial plus one count in bits 58-63 (6 bits: at most PACKED_MAX_SPLITS programs a row),
+# so the program that reads back a count of num_splits - 1 is the row's last and holds the
+# exact sum of every partial, with no fence and no read of the others' stores. The partials
+# must sum below 2^58 (verify_unscreened.py: normaliser partials; verify_rows.py: the
+# acceptance tests' sums); the count may wrap the sign bit (63 * 2^58), which the shift and
+# mask ignore. The last program resets the word to 0 for the next call.
+PACKED_SHIFT = tl.constexpr(58)
+PACKED_ONE = tl.constexpr(1 << 58)
+PACKED_SUM = tl.constexpr((1 << 58) - 1)
+PACKED_MAX_SPLITS = tl.constexpr(63)
+
+
+@triton.jit
+def draft_step(draft_ptr, draft_probs_ptr, seeds_ptr, positions_ptr, row_ptr, start, b, i, count, vocab,
+               HAS_DRAFT_PROBS: tl.constexpr):
+    """What the acceptance test of step i of request b reads of the op's inputs, loaded at
+    a row program's start so the test waits on none of them: (draft id, whether it lies in
+    the vocab, the entry tested (0 outside), its logit z_x, its draft prob q_x (1 for
+    n-gram), the test's uniform u); a stand-in past the drafts (i = count, the bonus step)."""
+    is_draft = i < count
+    draft = tl.load(draft_ptr + start + i, mask=is_draft, other=-1).to(tl.int64)
+    in_vocab = (draft >= 0) & (draft < vocab)
+    x = tl.where(in_vocab, draft, 0)
+    z_x = tl.sum(load_logits(row_ptr, x + tl.arange(0, 1), in_vocab), axis=0)
+    q_x = tl.full([], 1.0, tl.float32)
+    if HAS_DRAFT_PROBS:
+        q_x = tl.load(draft_probs_ptr + (start + i) * vocab + x, mask=in_vocab, other=0.0)
+    u = tl.sum(acceptance_uniform(tl.load(seeds_ptr + b), tl.load(positions_ptr + b) + i, tl.zeros([1], tl.int32)),
+               axis=0)
+    return draft, in_vocab, x, z_x, q_x, u

@@ -26,17 +26,20 @@ import torch
 import triton
 import triton.language as tl
 
-from .verify_math import FIXED_SCALE, INDEX_MAX, acceptance_uniform, chain_launch, exact_test, load_logits
+from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, exact_test, load_logits
 from .verify_rows import block_masses, exact_inverse, mass_tile
-from .verify_slots import slot_row
+from .verify_slots import PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, slot_row
+
+__all__ = ["PACKED_MAX_SPLITS", "packed_departures", "row_counters", "row_max_sum_kernel", "step_passes"]
 
 # Row counters: one zeroed buffer a (device, stream), two int32 a slot (arrivals,
-# departures), then an int64 a slot (packed departures, row_max_sum_kernel's TEST_STEPS).
-# The kernel leaves them at 0 (the last program of a row to leave resets them), so they are
+# departures), then an int64 a slot (packed departures: row_max_sum_kernel's TEST_STEPS and
+# the screened max pass's tests, verify_rows.py: row_max_kernel's TESTS; a call uses one).
+# The kernels leave them at 0 (the last program of a row to leave resets them), so they are
 # zeroed once, never by a fill launch inside a graph. A stream first seen while it captures
 # a graph takes a spare zeroed at an earlier eager call (none left: the caller takes the two
 # launches). Calls on one stream run in turn; another stream has its own.
-COUNTER_SLOTS = tl.constexpr(256)  # slots a buffer serves; calls with more take the two launches
+COUNTER_SLOTS = tl.constexpr(4096)  # slots a buffer serves (64 KiB); calls with more take the counter-free launches
 SPARE_BUFFERS = 4
 _COUNTERS: dict[tuple[int, int], torch.Tensor] = {}  # (device index, stream) -> counters
 _SPARES: dict[int, list[torch.Tensor]] = {}  # device index -> zeroed buffers not yet taken
@@ -74,36 +77,6 @@ def row_counters(device: torch.device, num_slots: int) -> torch.Tensor | None:
 def packed_departures(counters: torch.Tensor) -> torch.Tensor:
     """The int64 packed departures of a counters buffer (row_max_sum_kernel)."""
     return counters.view(torch.int64)[COUNTER_SLOTS.value:]
-
-
-# A packed departure: the program's normaliser partial plus one count in bits 58-63 (6
-# bits: at most PACKED_MAX_SPLITS programs a row). A partial is at most BLOCK_V masses of at
-# most 2^40 each, so a row's partials sum below 63 * 2^51 < 2^57 and never carry into the
-# count; the count may wrap the sign bit (63 * 2^58), which the shift and mask ignore.
-PACKED_SHIFT = tl.constexpr(58)
-PACKED_ONE = tl.constexpr(1 << 58)
-PACKED_SUM = tl.constexpr((1 << 58) - 1)
-PACKED_MAX_SPLITS = tl.constexpr(63)
-
-
-@triton.jit
-def draft_step(draft_ptr, draft_probs_ptr, seeds_ptr, positions_ptr, row_ptr, start, b, i, count, vocab,
-               HAS_DRAFT_PROBS: tl.constexpr):
-    """What the exact test of step i of request b reads of the op's inputs, loaded at the
-    program's start so the test waits on none of them: (draft id, whether it lies in the
-    vocab, the entry tested (0 outside), its logit z_x, its draft prob q_x (1 for n-gram),
-    the test's uniform u); a stand-in past the drafts (i = count, the bonus step)."""
-    is_draft = i < count
-    draft = tl.load(draft_ptr + start + i, mask=is_draft, other=-1).to(tl.int64)
-    in_vocab = (draft >= 0) & (draft < vocab)
-    x = tl.where(in_vocab, draft, 0)
-    z_x = tl.sum(load_logits(row_ptr, x + tl.arange(0, 1), in_vocab), axis=0)
-    q_x = tl.full([], 1.0, tl.float32)
-    if HAS_DRAFT_PROBS:
-        q_x = tl.load(draft_probs_ptr + (start + i) * vocab + x, mask=in_vocab, other=0.0)
-    u = tl.sum(acceptance_uniform(tl.load(seeds_ptr + b), tl.load(positions_ptr + b) + i, tl.zeros([1], tl.int32)),
-               axis=0)
-    return draft, in_vocab, x, z_x, q_x, u
 
 
 @triton.jit
@@ -220,7 +193,8 @@ def row_max_sum_kernel(
         # one atomic that adds its partial and counts it (packed), so the last to leave
         # holds the row's normaliser total without a read of the partials; it stores the
         # slot's statistics and the draft step's verdict. (The argmax partials it reads for a
-        # greedy step were published by the arrivals.)
+        # greedy step were published by the arrivals.) A partial is at most BLOCK_V masses of
+        # at most 2^40 each, so a row's sum stays below 63 * 2^51 < 2^57 (verify_slots.py).
         if TEST_STEPS:
             old = tl.atomic_add(packed_ptr + slot, partial + PACKED_ONE, sem="relaxed", scope="gpu")
             if ((old >> PACKED_SHIFT) & PACKED_MAX_SPLITS) == num_splits - 1:

@@ -1,0 +1,160 @@
+"""The screened Triton verify's acceptance tests settled in its max pass (row_max_kernel's
+TESTS, triton_kernels/verify_rows.py) instead of a screen launch: a verdict that passes is
+an exact pass and one that fails an exact failure, every test far from its boundary is
+settled, greedy verdicts are the argmax's; the tokens equal the reference's with the max
+pass's tests and with the screen launch; the packed departures are left at zero. Rows of
+3-4 programs under the interpreter; on a GPU 5 and 18."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import HAS_CUDA
+from verify_inputs import make_inputs
+
+import specops
+from specops.backend import Backend
+from specops.reference.verify import accept_uniform, processed_probs
+from specops.reference.verify import verify as reference_verify
+from specops.triton_kernels.verify_rows import FAILS, PASSES, UNSETTLED
+from specops.triton_kernels.verify_rows import fixed_sum_kernel as FIXED_SUM_KERNEL
+from specops.triton_kernels.verify_unscreened import row_counters
+
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else [])
+
+
+@pytest.fixture
+def triton_verify():
+    from specops.triton_kernels import verify
+
+    return verify
+
+
+@pytest.fixture
+def verdicts_seen(triton_verify, monkeypatch):
+    """The verdicts each call's normaliser launch reads (the max pass wrote them); a screen
+    launch fails the test."""
+    seen = []
+
+    class Recorded:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                if kwargs.get("VERDICTS"):
+                    seen.append(args[3])
+                return FIXED_SUM_KERNEL[grid](*args, **kwargs)
+
+            return launch
+
+    class Refused:
+        def __getitem__(self, grid):
+            raise AssertionError("screen_kernel launched: the max pass did not test the steps")
+
+    monkeypatch.setattr(triton_verify, "fixed_sum_kernel", Recorded())
+    monkeypatch.setattr(triton_verify, "screen_kernel", Refused())
+    return seen
+
+
+def tokens(inputs, device, max_spec_len):
+    moved = {k: (v.to(device) if v is not None else None) for k, v in inputs.items()}
+    out, accepted, _ = specops.verify(*moved.values(), max_spec_len, False, backend=Backend.TRITON, validate=False)
+    return out.cpu(), accepted.cpu()
+
+
+def boundary_inputs(vocab, seed, ngram):
+    """Four requests (3, 4, 2 and 4 drafts), one greedy; a step placed within 4e-6 of its
+    boundary on each side, a draft prob of 0, a draft outside the vocab, drafts whose logit
+    lies 126.5 and 288 binades (200 T) below the max, a greedy draft that is the argmax."""
+    inputs = make_inputs([3, 4, 2, 4], vocab, seed=seed, greedy_fraction=0.0, ngram=ngram, with_top=False)
+    inputs["temperature"][2] = 0.0
+    target, drafts = inputs["target_logits"], inputs["draft_token_ids"]
+    drafts[7] = int(target[7].argmax())  # request 2's first step passes
+    t_of = lambda b, i: (0, 3, 7, 9)[b] + i  # noqa: E731
+    for b, i, factor in ((0, 0, 1 - 4e-6), (1, 0, 1 + 4e-6)):
+        t, x = t_of(b, i), int(drafts[t_of(b, i)])
+        p_x = processed_probs(target[t], float(inputs["temperature"][b]), 0, 1.0)[x]
+        u = accept_uniform(int(inputs["seeds"][b]), int(inputs["positions"][b]) + i)
+        if ngram:  # q(x) = 1: the logit moves instead, p(x) = u (1 -+ 4e-6)
+            target[t] = torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * 0.01
+            target[t, x] = 0.0
+            rest = torch.logsumexp(torch.cat([target[t, :x], target[t, x + 1:]]) / float(inputs["temperature"][b]), 0)
+            want = u / factor
+            target[t, x] = float(inputs["temperature"][b]) * (torch.log(torch.tensor(want / (1 - want))) + rest)
+        else:
+            inputs["draft_probs"][t, x] = p_x / u * factor
+    if not ngram:
+        inputs["draft_probs"][t_of(1, 1), int(drafts[t_of(1, 1)])] = 0.0
+        # p(x) = 0 (its weight 2^-126.5 relative to the max rounds to 0), q(x) = 2^-128: an
+        # approximate sum u q(x) / p(x) of about u 2^-1.5 would pass it.
+        t, x = t_of(0, 2), int(drafts[t_of(0, 2)])
+        target[t] = -1e4
+        target[t, (x + 1) % vocab] = 0.0
+        target[t, x] = -126.5 * float(inputs["temperature"][0]) * 0.6931471805599453
+        inputs["draft_probs"][t, x] = 2.0**-128
+    drafts[t_of(1, 2)] = vocab + 3
+    far = t_of(3, 1)
+    target[far, int(drafts[far])] = target[far].max() - 200 * float(inputs["temperature"][3])
+    return inputs
+
+
+def expected_verdicts(inputs, width):
+    """{slot: (exact pass, whether the max pass must settle it)} of every draft step."""
+    cu = [0] + inputs["cu_num_draft_tokens"].tolist()
+    out = {}
+    for b in range(len(cu) - 1):
+        temperature = float(inputs["temperature"][b])
+        for i in range(cu[b + 1] - cu[b]):
+            t = cu[b] + i
+            x = int(inputs["draft_token_ids"][t])
+            row = inputs["target_logits"][t].float()
+            if not 0 <= x < row.numel():
+                out[b * width + i] = (False, True)
+            elif temperature == 0.0:
+                out[b * width + i] = (x == int(row.argmax()), True)
+            else:
+                p_x = processed_probs(row, temperature, 0, 1.0)[x]
+                q_x = inputs["draft_probs"][t, x] if inputs["draft_probs"] is not None else torch.tensor(1.0)
+                u = torch.as_tensor(accept_uniform(int(inputs["seeds"][b]), int(inputs["positions"][b]) + i))
+                passed = bool(q_x > 0) and bool(u * q_x < p_x)  # reference/verify.py: q(x) = 0 rejects
+                near = p_x == 0 or abs(float(u * q_x / p_x) - 1) < 2**-8
+                far = float(row.max() - row[x]) / temperature * 1.4426950408889634 > 90
+                out[b * width + i] = (passed, q_x <= 0 or not (near or far))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
+def test_verdicts_are_exact_where_settled(device, ngram, verdicts_seen):
+    vocab = 9000  # 3 programs a row under the interpreter, 5 on a GPU
+    kinds = set()
+    for seed in (1, 2):
+        inputs = boundary_inputs(vocab, seed, ngram)
+        expected = reference_verify(**inputs, max_spec_len=4)
+        got = tokens(inputs, device, 4)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), seed
+        verdicts = verdicts_seen[-1].cpu()
+        for slot, (passed, settles) in expected_verdicts(inputs, 5).items():
+            verdict = int(verdicts[slot])
+            assert verdict in (PASSES.value, FAILS.value, UNSETTLED.value), (slot, verdict)
+            assert verdict != (FAILS.value if passed else PASSES.value), (seed, slot, passed, verdict)
+            assert not settles or verdict != UNSETTLED.value, (seed, slot, verdict)
+            kinds.add(verdict)
+    assert kinds == {PASSES.value, FAILS.value, UNSETTLED.value}, kinds  # every verdict occurs
+    assert not row_counters(torch.device(device), 1).any().item()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("max_pass_tests", [True, False], ids=["max-pass", "screen-launch"])
+def test_batches_match_reference(device, max_pass_tests, triton_verify, monkeypatch):
+    """Random batches with greedy requests among them, draft and n-gram, with the max pass's
+    tests and with the screen launch, twice in a row (the departures the first call left
+    serve the second)."""
+    monkeypatch.setattr(triton_verify, "MAX_PASS_TESTS", max_pass_tests)
+    vocab = 2000 if device == "cpu" else 128256
+    for seed, ngram in ((5, False), (6, True)):
+        inputs = make_inputs([4, 1, 0, 3, 2, 4], vocab, seed=seed, ngram=ngram, with_top=False)
+        expected = reference_verify(**inputs, max_spec_len=4)
+        for _ in range(2):
+            got = tokens(inputs, device, 4)
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), seed
+    assert not row_counters(torch.device(device), 1).any().item()
