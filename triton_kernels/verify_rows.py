@@ -20,8 +20,8 @@ import triton.language as tl
 from .ragged import draft_range
 from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, fixed_weights, load_logits, processed_weights
 from .verify_search import row_kth, row_p_min
-from .verify_slots import (PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, request_params, row_fixed_sum,
-                           row_max_argmax, slot_row)
+from .verify_slots import (PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, request_params,
+                           row_fixed_sum, row_max_argmax, slot_row)
 
 
 @triton.jit
@@ -160,8 +160,8 @@ def _scan_tests(row_ptr, v_begin, end, first, z_x, scale, x_rel, MODE: tl.conste
 # they leave by one packed atomic (verify_slots.py), and the row's last to leave stores
 # the step's verdict: PASSES below 1 - 2^-9, FAILS from 1 + 2^-9 (or a draft outside the
 # vocab, or q(x) = 0), UNSETTLED between, or where a split's max lies more than
-# TRUSTED_RATIO binades above z_x, z_x is -inf or 1 / T overflows; greedy, PASSES when none
-# precedes the draft (exact). Bonus rows store their max and argmax only.
+# TRUSTED_RATIO binades above z_x, z_x is -inf or 1 / T is not a positive float; greedy,
+# PASSES when none precedes the draft (exact). Bonus rows store their max and argmax only.
 # Bytes: the row once over all splits (TESTS: and the draft's logit and draft prob).
 @triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
 def row_max_kernel(
@@ -210,7 +210,8 @@ def row_max_kernel(
             draft, in_vocab, x, z_x, q_x, u = draft_step(draft_ptr, draft_probs_ptr, seeds_ptr, positions_ptr, row_ptr,
                                                          start, b, i, count, vocab, HAS_DRAFT_PROBS)
             greedy = temperature == 0.0
-            trusted = (z_x > float("-inf")) & (scale < float("inf"))  # else UNSETTLED (and no NaN summed)
+            # Else UNSETTLED, and no NaN summed (1 / T NaN, negative or 0 only with value checks off).
+            trusted = (z_x > float("-inf")) & (scale > 0.0) & (scale < float("inf"))
             if i == count:
                 best, best_index, _none = _scan_tests(row_ptr, v_begin, end, first, z_x, 0.0, 0, 0, BLOCK_V)
                 split_best = tl.max(best, axis=0)
