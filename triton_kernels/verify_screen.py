@@ -11,6 +11,12 @@ and the float32 sums by (blocks + splits + 10) ulp. A test is settled here only 
 u q(x) lies outside p'(x) (1 +- 2^-9), p' = w(x) / approximate sum: 20x that bound, so
 the exact test would give the same answer. Everything else, the rejected row's race and
 any row after an unsettled test, goes to the exact pass and decide_kernel.
+
+Calls of random and greedy requests without top-k, top-p or log-probabilities settle the
+same tests with the same band inside the max pass instead (verify_rows.py: row_max_kernel's
+TESTS), and this launch does not run; it serves all-greedy calls, calls whose steps are all
+marked (top-k, top-p, log-probabilities) and those the max pass cannot (verify.py:
+MAX_PASS_TESTS).
 """
 
 from __future__ import annotations
