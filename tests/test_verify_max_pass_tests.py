@@ -2,8 +2,9 @@
 TESTS, triton_kernels/verify_rows.py) instead of a screen launch: a verdict that passes is
 an exact pass and one that fails an exact failure, every test far from its boundary is
 settled, greedy verdicts are the argmax's; the tokens equal the reference's with the max
-pass's tests and with the screen launch; the packed departures are left at zero. Rows of
-3-4 programs under the interpreter; on a GPU 5 and 18."""
+pass's tests and with the screen launch; the packed departures are left at zero; the calls
+the max pass cannot serve take the screen launch. Rows of 3-4 programs under the
+interpreter; on a GPU 5 and 18."""
 
 from __future__ import annotations
 
@@ -158,3 +159,37 @@ def test_batches_match_reference(device, max_pass_tests, triton_verify, monkeypa
             got = tokens(inputs, device, 4)
             assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), seed
     assert not row_counters(torch.device(device), 1).any().item()
+
+
+@pytest.fixture
+def launches_of_the_screen(triton_verify, monkeypatch):
+    """The grids the screen launch is called with."""
+    grids = []
+    screen = triton_verify.screen_kernel
+
+    class Counted:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return screen[grid]
+
+    monkeypatch.setattr(triton_verify, "screen_kernel", Counted())
+    return grids
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("limit", ["programs", "counters"])
+def test_calls_the_max_pass_cannot_serve_take_the_screen_launch(device, limit, triton_verify, monkeypatch,
+                                                                launches_of_the_screen):
+    """Rows of more programs than a packed departure counts (65 here), and no zeroed
+    counters to be had (too many slots, or a new stream capturing with no spare left:
+    row_counters returns None): the screen launch decides, with the reference's tokens."""
+    inputs = make_inputs([3, 1, 2], 3000, seed=4, with_top=False)
+    if limit == "programs":
+        monkeypatch.setattr(triton_verify, "PROGRAMS_PER_SM", 1 << 12)  # a split per 2048-entry block
+        inputs = make_inputs([1, 1], 64 * 2048 + 5, seed=3, with_top=False)
+    else:
+        monkeypatch.setattr(triton_verify, "row_counters", lambda device, num_slots: None)
+    expected = reference_verify(**inputs, max_spec_len=3)
+    got = tokens(inputs, device, 3)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert len(launches_of_the_screen) == 1
