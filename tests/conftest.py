@@ -30,6 +30,14 @@ HAS_CUDA = torch.cuda.is_available()
 requires_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 
+@pytest.fixture
+def triton_verify():
+    """The Triton verify launcher's module (its flags and kernels, for monkeypatching)."""
+    from specops.triton_kernels import verify
+
+    return verify
+
+
 def capture(step, warmups: int = 1, stream: torch.cuda.Stream | None = None):
     """``step`` run ``warmups`` times on a side stream (compiles and allocates outside the
     graph), then captured in a CUDA graph (on ``stream`` when given): (graph, its outputs)."""

@@ -12,10 +12,8 @@ import pytest
 import torch
 
 from conftest import HAS_CUDA
-from verify_inputs import make_inputs
+from verify_inputs import make_inputs, triton_tokens
 
-import specops
-from specops.backend import Backend
 from specops.reference.verify import accept_uniform, processed_probs
 from specops.reference.verify import verify as reference_verify
 from specops.triton_kernels.verify_rows import FAILS, PASSES, UNSETTLED
@@ -23,13 +21,6 @@ from specops.triton_kernels.verify_rows import fixed_sum_kernel as FIXED_SUM_KER
 from specops.triton_kernels.verify_unscreened import row_counters
 
 DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else [])
-
-
-@pytest.fixture
-def triton_verify():
-    from specops.triton_kernels import verify
-
-    return verify
 
 
 @pytest.fixture
@@ -54,12 +45,6 @@ def verdicts_seen(triton_verify, monkeypatch):
     monkeypatch.setattr(triton_verify, "fixed_sum_kernel", Recorded())
     monkeypatch.setattr(triton_verify, "screen_kernel", Refused())
     return seen
-
-
-def tokens(inputs, device, max_spec_len):
-    moved = {k: (v.to(device) if v is not None else None) for k, v in inputs.items()}
-    out, accepted, _ = specops.verify(*moved.values(), max_spec_len, False, backend=Backend.TRITON, validate=False)
-    return out.cpu(), accepted.cpu()
 
 
 def boundary_inputs(vocab, seed, ngram):
@@ -131,7 +116,7 @@ def test_verdicts_are_exact_where_settled(device, ngram, verdicts_seen):
     for seed in (1, 2):
         inputs = boundary_inputs(vocab, seed, ngram)
         expected = reference_verify(**inputs, max_spec_len=4)
-        got = tokens(inputs, device, 4)
+        got = triton_tokens(inputs, device, 4, validate=False)
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), seed
         verdicts = verdicts_seen[-1].cpu()
         for slot, (passed, settles) in expected_verdicts(inputs, 5).items():
@@ -156,7 +141,7 @@ def test_batches_match_reference(device, max_pass_tests, triton_verify, monkeypa
         inputs = make_inputs([4, 1, 0, 3, 2, 4], vocab, seed=seed, ngram=ngram, with_top=False)
         expected = reference_verify(**inputs, max_spec_len=4)
         for _ in range(2):
-            got = tokens(inputs, device, 4)
+            got = triton_tokens(inputs, device, 4, validate=False)
             assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), seed
     assert not row_counters(torch.device(device), 1).any().item()
 
@@ -190,6 +175,6 @@ def test_calls_the_max_pass_cannot_serve_take_the_screen_launch(device, limit, t
     else:
         monkeypatch.setattr(triton_verify, "row_counters", lambda device, num_slots: None)
     expected = reference_verify(**inputs, max_spec_len=3)
-    got = tokens(inputs, device, 3)
+    got = triton_tokens(inputs, device, 3, validate=False)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     assert len(launches_of_the_screen) == 1

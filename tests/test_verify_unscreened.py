@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import HAS_CUDA, capture
-from verify_inputs import make_inputs
+from verify_inputs import make_inputs, triton_tokens
 
 import specops
 from specops.backend import Backend
@@ -19,13 +19,6 @@ from specops.reference.verify import verify as reference_verify
 from specops.triton_kernels.verify_rows import fixed_sum_kernel as FIXED_SUM_KERNEL
 
 DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else [])
-
-
-@pytest.fixture
-def triton_verify():
-    from specops.triton_kernels import verify
-
-    return verify
 
 
 @pytest.fixture
@@ -37,13 +30,6 @@ def no_fixed_sum(triton_verify, monkeypatch):
             raise AssertionError("fixed_sum_kernel launched: the one-launch path was not taken")
 
     monkeypatch.setattr(triton_verify, "fixed_sum_kernel", Refused())
-
-
-def tokens(inputs, device, max_spec_len, validate=True):
-    moved = {k: (v.to(device) if v is not None else None) for k, v in inputs.items()}
-    out, accepted, _ = specops.verify(*moved.values(), max_spec_len, False, backend=Backend.TRITON,
-                                      validate=validate)
-    return out.cpu(), accepted.cpu()
 
 
 def assert_counters_zero(device):
@@ -64,7 +50,7 @@ def test_one_launch_matches_reference_and_leaves_counters_zero(device, ngram, no
             inputs["temperature"][0] = 0.0
         expected = reference_verify(**inputs, max_spec_len=4)
         for _ in range(2):
-            got = tokens(inputs, device, 4)
+            got = triton_tokens(inputs, device, 4)
             assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
             assert_counters_zero(device)
 
@@ -80,11 +66,11 @@ def test_one_launch_equals_two_launches(device, triton_verify, no_fixed_sum, mon
     inputs["bonus_logits"][0, 100] = float("-inf")
     for temperature in (1.0, 0.7, 0.25):
         inputs["temperature"][0] = temperature
-        one = tokens(inputs, device, 3, validate=False)
+        one = triton_tokens(inputs, device, 3, validate=False)
         with monkeypatch.context() as two_launches:
             two_launches.setattr(triton_verify, "ONE_LAUNCH_UNSCREENED", False)
             two_launches.setattr(triton_verify, "fixed_sum_kernel", FIXED_SUM_KERNEL)
-            two = tokens(inputs, device, 3, validate=False)
+            two = triton_tokens(inputs, device, 3, validate=False)
         expected = reference_verify(**inputs, max_spec_len=3)
         for got in (one, two):
             assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
@@ -102,7 +88,7 @@ def test_gpu_one_launch_rows_of_many_programs(counts, vocab, triton_verify, no_f
     monkeypatch.setattr(triton_verify, "UNSCREENED_BYTES", 1 << 62)
     inputs = make_inputs(counts, vocab, seed=len(counts), greedy_fraction=0.25, with_top=False)
     expected = reference_verify(**inputs, max_spec_len=max(counts))
-    got = tokens(inputs, "cuda", max(counts))
+    got = triton_tokens(inputs, "cuda", max(counts))
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     assert_counters_zero("cuda")
 
@@ -188,7 +174,7 @@ def test_one_launch_walks_of_every_depth(device, ngram, no_fixed_sum):
             if temperature is not None:
                 inputs["temperature"][0] = temperature
             expected = reference_verify(**inputs, max_spec_len=4)
-            got = tokens(inputs, device, 4)
+            got = triton_tokens(inputs, device, 4)
             assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (depth, temperature, failure)
             depths.add(int(expected[1][0]))
     assert depths == set(range(5)), depths  # the inputs reach every depth

@@ -78,3 +78,14 @@ def rejecting_first_drafts(inputs, path):
     q[rows, drafts] += 1e-3
     inputs["draft_probs"] = q
     return inputs
+
+
+def triton_tokens(inputs, device, max_spec_len, validate=True):
+    """(output tokens, accepted counts) of the Triton kernel's tokens-only call, on the CPU."""
+    import specops
+    from specops.backend import Backend
+
+    moved = {k: (v.to(device) if v is not None else None) for k, v in inputs.items()}
+    out, accepted, _ = specops.verify(*moved.values(), max_spec_len, False, backend=Backend.TRITON,
+                                      validate=validate)
+    return out.cpu(), accepted.cpu()

@@ -70,7 +70,8 @@ from .verify_search import (
     TOP_P_ROUNDS,
     threshold_search_kernel,
 )
-from .verify_unscreened import PACKED_MAX_SPLITS, packed_departures, row_counters, row_max_sum_kernel
+from .verify_slots import PACKED_MAX_SPLITS
+from .verify_unscreened import packed_departures, row_counters, row_max_sum_kernel
 
 BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
 SUM_WARPS = 4
@@ -307,8 +308,8 @@ def verify(
     else:
         if max_pass_tests:
             part_approx = part_max  # not written
-            verdict = empty(num_slots, dtype=torch.int32)
-            tests = (packed_departures(counters), verdict, draft_token_ids, draft_probs_arg, seeds, positions)
+            max_pass_verdicts = empty(num_slots, dtype=torch.int32)
+            tests = (packed_departures(counters), max_pass_verdicts, draft_token_ids, draft_probs_arg, seeds, positions)
         else:
             part_approx = empty(num_slots, num_splits, dtype=torch.float32)
             tests = (part_max, part_arg, draft_token_ids, part_max, seeds, positions)  # stand-ins, never read
@@ -335,7 +336,7 @@ def verify(
                                 num_warps=SCREEN_WARPS, **request_flags, **exact)
     if greedy_only:
         return out, num_accepted, logprobs
-    sums = (marked, verdict if max_pass_tests else marked, part_max, part_arg, *top_k_search, *top_p_search)
+    sums = (marked, max_pass_verdicts if max_pass_tests else marked, part_max, part_arg, *top_k_search, *top_p_search)
     sum_sizes = (num_tokens, vocab, width, sum_split_len, num_splits, batch)
     # One program per (request, split) walking the request's marked steps (usually one; no
     # idle programs: B = 16 random 39.0 -> 33.7 µs, bench/NOTES.md), or with every step
@@ -362,9 +363,8 @@ def verify(
     arrivals = empty(batch, dtype=torch.int32) if draft_probs is not None else resume
     decide_kernel[(batch,)](
         out, num_accepted, logprobs if return_logprobs else out, sample_float, sample_int, arrivals, block_sum,
-        resume, *(verdicts if one_launch else (verdict if max_pass_tests else out, part_max, part_sum)), part_max,
-        part_arg, part_sum, part_sum2,
-        *top_k_search, *top_p_search, *request, sum_splits, **request_flags, MASS_BLOCK=mass_block,
+        resume, *(verdicts if one_launch else (max_pass_verdicts if max_pass_tests else out, part_max, part_sum)),
+        part_max, part_arg, part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits, **request_flags, MASS_BLOCK=mass_block,
         BLOCK_B=triton.next_power_of_2(triton.cdiv(vocab, mass_block)), PROPOSAL_ROUND=PROPOSAL_ROUND,
         BLOCK_W=triton.next_power_of_2(width), SCREENED=screen_launch,
         VERDICTS=test_steps or max_pass_tests, SLOT_STATS=test_steps, num_warps=DECIDE_WARPS, **exact,

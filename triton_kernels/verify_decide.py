@@ -19,7 +19,7 @@ from .verify_math import (
     weights,
 )
 from .ragged import draft_range
-from .verify_rows import exact_inverse
+from .verify_rows import PASSES, exact_inverse
 from .verify_search import row_kth, row_p_min
 from .verify_slots import request_params, row_fixed_sum, row_fixed_total, row_max_argmax, row_max_fixed_sum
 from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token, propose_residual
@@ -47,7 +47,7 @@ def decide_kernel(
     arrivals_ptr,  # [batch] int32: zeroed for residual_sample_kernel (HAS_DRAFT_PROBS)
     block_sum_ptr,  # [batch * width, cdiv(vocab, MASS_BLOCK)] int64: fixed_sum_kernel's block sums
     resume_ptr,  # [batch] int32: first step to decide here (-1: none; verify_screen.py)
-    verdict_ptr,  # [batch * width] int32 (VERDICTS): 1 where the step's draft passed its test in the max pass
+    verdict_ptr,  # [batch * width] int32 (VERDICTS): PASSES where the step's draft passed its test in the max pass
     slot_max_ptr,  # [batch * width] float32 (SLOT_STATS): each slot's max logit
     slot_total_ptr,  # [batch * width] int64 (SLOT_STATS): each slot's normaliser total (integer)
     part_max_ptr,  # [batch * width, num_splits] float32
@@ -118,7 +118,7 @@ def decide_kernel(
         i = tl.load(resume_ptr + b)
     elif VERDICTS:  # the max pass tested every step: emit the drafts before the first that did not pass
         verdicts = tl.load(verdict_ptr + b * width + steps, mask=steps < count, other=0)
-        i = tl.min(tl.where((steps < count) & (verdicts != 1), steps, count), axis=0).to(tl.int32)
+        i = tl.min(tl.where((steps < count) & (verdicts != PASSES), steps, count), axis=0).to(tl.int32)
         tl.store(out_row + steps, step_drafts.to(tl.int32), mask=steps < i)
     else:
         i = tl.zeros([], tl.int32)

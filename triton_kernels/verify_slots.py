@@ -84,7 +84,6 @@ def row_fixed_sum(part_sum_ptr, slot, num_splits, BLOCK_S: tl.constexpr):
     return row_fixed_total(part_sum_ptr, slot, num_splits, BLOCK_S).to(tl.float32) * (1.0 / FIXED_SCALE)
 
 
-
 # A packed departure: a row's programs leave by one relaxed 64-bit atomic add each of their
 # partial plus one count in bits 58-63 (6 bits: at most PACKED_MAX_SPLITS programs a row),
 # so the program that reads back a count of num_splits - 1 is the row's last and holds the

@@ -30,8 +30,6 @@ from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, exact_test, load_
 from .verify_rows import block_masses, exact_inverse, mass_tile
 from .verify_slots import PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, slot_row
 
-__all__ = ["PACKED_MAX_SPLITS", "packed_departures", "row_counters", "row_max_sum_kernel", "step_passes"]
-
 # Row counters: one zeroed buffer a (device, stream), two int32 a slot (arrivals,
 # departures), then an int64 a slot (packed departures: row_max_sum_kernel's TEST_STEPS and
 # the screened max pass's tests, verify_rows.py: row_max_kernel's TESTS; a call uses one).
