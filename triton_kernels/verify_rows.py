@@ -25,25 +25,44 @@ from .verify_slots import (PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_S
 
 
 @triton.jit
+def _load_block(block_ptr, lane, limit, MASKED: tl.constexpr):
+    """One block of a row as float32 (MASKED: the lanes below ``limit``, -inf past them)."""
+    if MASKED:
+        raw = tl.load(block_ptr + lane, mask=lane < limit, other=float("-inf"))
+    else:
+        raw = tl.load(block_ptr + lane)
+    return raw.to(tl.float32)
+
+
+@triton.jit
+def _finite(raw, best):
+    """A loaded block's logits, +-inf and NaN as -inf (probability 0, as load_logits), and
+    where each beats its lane's running max ``best``."""
+    z = tl.where(tl.abs(raw) < float("inf"), raw, float("-inf"))  # NaN compares false
+    return z, z > best
+
+
+@triton.jit
+def _lane_max(z, better, offset, best, best_offset):
+    """Each lane's running max over its blocks and the offset of the block that holds it
+    (strict >: the first of equal maxima)."""
+    return tl.maximum(best, z), tl.where(better, offset, best_offset)
+
+
+@triton.jit
 def _scan_block(block_ptr, lane, offset, limit, best, best_offset, approx, neg_scale, MASKED: tl.constexpr,
                 WITH_SUM: tl.constexpr):
     """_scan's step over one block of BLOCK_V entries at ``block_ptr`` (MASKED: the lanes
     below ``limit`` only, the row's last block)."""
-    if MASKED:
-        raw = tl.load(block_ptr + lane, mask=lane < limit, other=float("-inf")).to(tl.float32)
-    else:
-        raw = tl.load(block_ptr + lane).to(tl.float32)
-    finite = tl.abs(raw) < float("inf")  # NaN compares false
-    z = tl.where(finite, raw, float("-inf"))  # +-inf and NaN: probability 0 (load_logits)
-    better = z > best
+    raw = _load_block(block_ptr, lane, limit, MASKED)
+    z, better = _finite(raw, best)
     if WITH_SUM:
         # One exp2 per entry: 2^(-|z - best| s) is the rescale of the old sum when z is
         # the new lane max, else the entry's own term (0 for z = -inf, also when the
         # lane has seen only -inf, whose difference is NaN).
-        e = tl.where(finite, tl.exp2(tl.abs(z - best) * neg_scale), 0.0)
+        e = tl.where(tl.abs(raw) < float("inf"), tl.exp2(tl.abs(z - best) * neg_scale), 0.0)
         approx = tl.where(better, approx * e + 1.0, approx + e)
-    best = tl.maximum(best, z)
-    best_offset = tl.where(better, offset, best_offset)
+    best, best_offset = _lane_max(z, better, offset, best, best_offset)
     return best, best_offset, approx
 
 
@@ -93,29 +112,17 @@ TEST_HIGH = tl.constexpr((1 << 40) + (1 << 31))
 
 
 @triton.jit
-def _load_block(block_ptr, lane, limit, MASKED: tl.constexpr):
-    """One block of a row as float32 (MASKED: the lanes below ``limit``, -inf past them)."""
-    if MASKED:
-        raw = tl.load(block_ptr + lane, mask=lane < limit, other=float("-inf"))
-    else:
-        raw = tl.load(block_ptr + lane)
-    return raw.to(tl.float32)
-
-
-@triton.jit
 def _test_block(raw, lane, offset, best, best_offset, acc, z_x, scale, x_rel, MODE: tl.constexpr):
     """_scan_tests' step over one loaded block (as _scan_block): the lane max and offset;
     MODE 1 (greedy) counts the entries that come before the draft in the first-argmax order
     (a larger logit, or the draft's own at a lower index), MODE 2 (random) adds
     2^((z - z_x) scale), MODE 0 (bonus row) neither."""
-    z = tl.where(tl.abs(raw) < float("inf"), raw, float("-inf"))  # +-inf and NaN: probability 0
-    better = z > best
+    z, better = _finite(raw, best)
     if MODE == 1:
         acc += ((z > z_x) | ((z == z_x) & (offset + lane < x_rel))).to(tl.int32)
     elif MODE == 2:
         acc += tl.exp2((z - z_x) * scale)  # -inf: 0
-    best = tl.maximum(best, z)
-    best_offset = tl.where(better, offset, best_offset)
+    best, best_offset = _lane_max(z, better, offset, best, best_offset)
     return best, best_offset, acc
 
 
