@@ -98,7 +98,7 @@ def shipped_max_pass(rows: torch.Tensor, batch: int):
             for dt in (torch.float32, torch.int32, torch.float32)]
 
     def call():
-        row_max_kernel[(num_rows, num_splits)](*part, target, bonus, cu, temperature, num_tokens, vocab, width,
+        row_max_kernel[(num_rows, num_splits)](*part, part[0], target, bonus, cu, temperature, num_tokens, vocab, width,
                                                split_len, ALL_GREEDY=False, BLOCK_V=tv.BLOCK_V,
                                                num_warps=tv.NUM_WARPS,
                                                maxnreg=tv.REGISTERS_PER_SM // (tv.ROW_MAX_RESIDENT * tv.NUM_WARPS * 32)

@@ -297,6 +297,32 @@ def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit
     assert_matches_reference(threshold_inputs(vocab), 3, device, backend)
 
 
+@pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("seed_values,kept_rows,programs_per_sm", [(2048, 16, 64), (8, 16, 64), (2048, 1, 16),
+                                                                   (0, 16, 64)],
+                         ids=["lane-groups", "split-maxima", "lanes-overflow", "unseeded"])
+def test_triton_top_k_search_seeded_from_the_max_pass(device, backend, seed_values, kept_rows, programs_per_sm,
+                                                      monkeypatch):
+    """Top-k's round 0 starting from the k-th largest of the max pass's lane-group maxima
+    (verify_search.top_k_seed, run to the k-th largest maximum itself). Rows of 300 in five
+    programs of one 64-entry block, so with one lane a group the bound is the k-th largest
+    logit itself (a bound one rank too high
+    would lose the k-th of request 2's distinct logits, and its log-probabilities); one
+    group a program: the split maxima, fewer than k = 150 of them (that request starts
+    unseeded) and a bound far below the 5th largest; programs of two blocks (a lane meets
+    two logits) keeping one key a lane, so lanes overflow and read their rows again,
+    counting; no seed. Each finds the reference's thresholds, so its tokens, counts and
+    log-probabilities."""
+    from specops.triton_kernels import verify as triton_verify
+
+    monkeypatch.setattr(triton_verify, "SEED_VALUES", seed_values)
+    monkeypatch.setattr(triton_verify, "SEED_ROUNDS", 9)  # the k-th largest maximum itself
+    monkeypatch.setattr(triton_verify, "SEARCH_KEPT_ROWS", kept_rows)
+    for name, value in (("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", programs_per_sm)):
+        monkeypatch.setattr(triton_verify, name, value)
+    assert_matches_reference(threshold_inputs(300), 3, device, backend)
+
+
 def threshold_inputs(vocab):
     """Four random requests whose top-k / top-p thresholds are hard to find exactly: bonus
     rows tied (inside and across splits); request 2's rows one logit of 0, the others

@@ -111,6 +111,12 @@ SEARCH_KEPT_ROWS = 64
 # At most this many bytes of kept keys a call: past it (B = 2^20 requests of 40 entries
 # wanted 128 GiB before this cap) fewer rows, the keep limit scaled with them, none below one.
 SEARCH_KEPT_BYTES = 256 << 20
+# Top-k's round 0 starts from a lower bound on the k-th largest logit, found in SEED_ROUNDS
+# 16-ary steps over SEED_VALUES lane-group maxima a row that the max pass stores
+# (SEED_VALUES / the splits' power of two a program), so it keeps its interval's keys at
+# once instead of reading its row twice (verify_search.top_k_seed). 0: from the row max alone.
+SEED_VALUES = 512
+SEED_ROUNDS = 3  # 16-ary steps over those maxima: near the max, then two evenly spaced
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
 DECIDE_WARPS = 8
@@ -252,11 +258,14 @@ def verify(
         counters = row_counters(device, num_slots)  # None: none free of a fill in this graph
         max_pass_tests = counters is not None
     block_s = triton.next_power_of_2(max(num_splits, sum_splits))
+    # Lane-group maxima a max-pass program (a power of two dividing BLOCK_V; 0: no seed).
+    seed_bins = min(BLOCK_V, max(SEED_VALUES // block_s, 1)) if has_top_k and SEED_VALUES > 0 else 0
 
     def empty(*shape, dtype):
         return torch.empty(shape, dtype=dtype, device=device)
 
     part_max = empty(num_slots, num_splits, dtype=torch.float32)
+    part_bins = empty(num_slots, num_splits, seed_bins, dtype=torch.float32) if seed_bins else part_max
     part_arg = empty(num_slots, num_splits, dtype=torch.int32)
     part_sum = empty(num_slots, sum_splits, dtype=torch.int64)
     mass_block = min(MASS_BLOCK, BLOCK_V)
@@ -313,16 +322,18 @@ def verify(
         else:
             part_approx = empty(num_slots, num_splits, dtype=torch.float32)
             tests = (part_max, part_arg, draft_token_ids, part_max, seeds, positions)  # stand-ins, never read
-        row_max_kernel[grid](part_max, part_arg, part_approx, *rows, temperature_arg, *tests, *sizes,
-                             ALL_GREEDY=greedy_only, BLOCK_V=BLOCK_V, TESTS=max_pass_tests,
+        row_max_kernel[grid](part_max, part_arg, part_approx, part_bins, *rows, temperature_arg, *tests, *sizes,
+                             ALL_GREEDY=greedy_only, BLOCK_V=BLOCK_V, TESTS=max_pass_tests, BINS=seed_bins,
                              HAS_DRAFT_PROBS=draft_probs is not None, num_warps=NUM_WARPS, PDL=pdl,
                              maxnreg=REGISTERS_PER_SM // (ROW_MAX_RESIDENT * NUM_WARPS * 32) // 8 * 8)
     flags = {"HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_S": block_s}
     search_flags = {"BLOCK_V": search_block_v, "UNROLL": SEARCH_UNROLL, "num_warps": SEARCH_WARPS, **flags, **exact}
     for search_round in range(TOP_K_ROUNDS.value if has_top_k else 0):
-        threshold_search_kernel[grid](*top_k_search, *kept, part_max, part_arg, *top_k_search, part_sum, *rows,
-                                      *params, num_tokens, vocab, width, split_len, search_round, *keeping,
-                                      MODE=TOP_K_MODE, **search_flags)
+        threshold_search_kernel[grid](*top_k_search, *kept, part_max, part_arg, part_bins, *top_k_search, part_sum,
+                                      *rows, *params, num_tokens, vocab, width, split_len, search_round, *keeping,
+                                      MODE=TOP_K_MODE, SEED_BINS=seed_bins if search_round == 0 else 0,
+                                      SEED_ROUNDS=SEED_ROUNDS,
+                                      **search_flags)
     # Written by the screen only (unscreened: never read, the output stands in).
     screen_launch = screened and not max_pass_tests
     marked = empty(batch, 2, dtype=torch.int32) if screen_launch else out
@@ -351,9 +362,9 @@ def verify(
                                    **sum_flags)
     if has_top_p:
         for search_round in range(TOP_P_ROUNDS.value):
-            threshold_search_kernel[grid](*top_p_search, *kept, part_max, part_arg, *top_k_search, part_sum, *rows,
-                                          *params, num_tokens, vocab, width, split_len, search_round, *keeping,
-                                          MODE=TOP_P_MODE, **search_flags)
+            threshold_search_kernel[grid](*top_p_search, *kept, part_max, part_arg, part_bins, *top_k_search,
+                                          part_sum, *rows, *params, num_tokens, vocab, width, split_len, search_round,
+                                          *keeping, MODE=TOP_P_MODE, **search_flags)
         fixed_sum_kernel[sum_grid](part_sum2, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=True,
                                    **sum_flags)
 

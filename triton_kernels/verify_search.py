@@ -53,7 +53,7 @@ META_COLUMNS = tl.constexpr(3)  # per (slot, split): rows kept (-1: none), A(hi)
 @triton.jit
 def _candidates(lo, hi, j, search_round, MODE: tl.constexpr):
     """The round's candidates (int64, non-decreasing in j; j < 16 meaningful): evenly spaced,
-    lo + j * ceil((hi - lo) / 16), but for top-k's first round the keys of max - d_j, where
+    lo + j * ceil((hi - lo) / 16), but for top-k's first round, unseeded, the keys of max - d_j, where
     hi = key(max) and d_j falls from 64 to about 2^-5.2 in steps of 3/4 of a binade (its bits
     linear in j: the same integers on every device). The even spacing of order keys puts
     2^23 keys in each binade, so the logits near a row's top share one interval for two
@@ -61,10 +61,11 @@ def _candidates(lo, hi, j, search_round, MODE: tl.constexpr):
     few thousand after one round (bench/NOTES.md)."""
     step = tl.maximum((hi - lo + NUM_CANDIDATES - 1) // NUM_CANDIDATES, 1)
     candidate = lo + j.to(tl.int64) * step
-    if MODE == TOP_K_MODE:
+    if MODE == TOP_K_MODE:  # a seeded first interval (lo above key(-inf)) is spaced evenly
         distance = ((133 << 23) - j * (3 << 21)).to(tl.int32).to(tl.float32, bitcast=True)
         near_max = order_key(from_order_key(hi) - distance).to(tl.int64)
-        candidate = tl.where(search_round == 0, near_max, candidate)
+        unseeded = lo == order_key(tl.full([], float("-inf"), tl.float32)).to(tl.int64)
+        candidate = tl.where((search_round == 0) & unseeded, near_max, candidate)
     return candidate
 
 
@@ -138,6 +139,32 @@ def top_k_initial(max_logit):
 
 
 @triton.jit
+def top_k_seed(part_bins_ptr, slot, num_splits, top_k, max_logit, ROUNDS: tl.constexpr, BINS: tl.constexpr,
+               BLOCK_S: tl.constexpr):
+    """A lower bound on a slot's k-th largest logit, as an int64 order key, from the max
+    pass's lane-group maxima (verify_rows.py, BINS a program): these are logits of the row
+    (or -inf), so the k-th largest of them is at most the row's own. ROUNDS 16-ary
+    steps over their keys, counting in registers (the first near the max, as the search's
+    round 0), narrow an interval holding that k-th largest; its low end is the bound:
+    key(-inf) (no seed) where fewer than k maxima are finite."""
+    s = tl.arange(0, BLOCK_S)[:, None]
+    g = tl.arange(0, BINS)[None, :]
+    maxima = tl.load(part_bins_ptr + (slot.to(tl.int64) * num_splits + s) * BINS + g, mask=s < num_splits,
+                     other=float("-inf"))
+    keys = tl.reshape(order_key(maxima), [BLOCK_S * BINS])
+    lo, hi = top_k_initial(max_logit)
+    j = tl.arange(0, NUM_CANDIDATES)
+    for seed_round in tl.static_range(ROUNDS):
+        candidate = tl.minimum(tl.maximum(_candidates(lo, hi, j, seed_round, TOP_K_MODE), -2147483648), 2147483647)
+        at_least = tl.sum((keys[None, :] >= candidate.to(tl.int32)[:, None]).to(tl.int32), axis=1) >= top_k
+        valid = (candidate >= lo) & (candidate <= hi)
+        new_lo = tl.max(tl.where(valid & at_least, candidate, lo), axis=0)
+        hi = tl.min(tl.where(valid & ~at_least, candidate - 1, hi), axis=0)
+        lo = new_lo
+    return lo
+
+
+@triton.jit
 def top_p_initial(top_p):
     """Top-p search interval over probability bits [0, bits(1.0)] and its bound factor
     max(1, floor(top_p 2^24))."""
@@ -195,6 +222,7 @@ def threshold_search_kernel(
     kept_meta_ptr,  # [batch * width, num_splits, META_COLUMNS] int64
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
+    part_bins_ptr,  # [batch * width, num_splits, SEED_BINS] float32: the max pass's lane-group maxima (SEED_BINS)
     top_k_state_ptr,  # top-k search of the same shapes (read in TOP_P_MODE)
     top_k_agg_ptr,
     part_sum_ptr,  # [batch * width, num_splits] int64: z1 partials (read in TOP_P_MODE)
@@ -217,6 +245,8 @@ def threshold_search_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     UNROLL: tl.constexpr = 4,  # blocks loaded a step: 1, 2 or 4 (masked past the split's end)
+    SEED_BINS: tl.constexpr = 0,  # top-k's round 0: its interval starts at top_k_seed's bound
+    SEED_ROUNDS: tl.constexpr = 3,  # top_k_seed's steps (9: the k-th largest maximum itself)
     PDL: tl.constexpr = False,
 ):
     chain_launch(PDL)
@@ -234,9 +264,13 @@ def threshold_search_kernel(
         max_logit, _argmax = row_max_argmax(part_max_ptr, part_arg_ptr, slot, num_splits, BLOCK_S)
         kth = tl.full([], float("-inf"), tl.float32)
         z1 = tl.full([], 1.0, tl.float32)
+        seeded = False
         if MODE == TOP_K_MODE:
             lo, hi = top_k_initial(max_logit)
             bound = top_k.to(tl.int64)
+            if SEED_BINS > 0:
+                lo = top_k_seed(part_bins_ptr, slot, num_splits, top_k, max_logit, SEED_ROUNDS, SEED_BINS, BLOCK_S)
+                seeded = lo > top_k_initial(max_logit)[0]
         else:
             if HAS_TOP_K:
                 kth = row_kth(top_k_state_ptr, top_k_agg_ptr, slot, num_slots, num_splits, uses_top_k, top_k,
@@ -305,6 +339,8 @@ def threshold_search_kernel(
                                         hi, MODE) <= keep_limit
             elif SKIPS:  # top-p after top-k: about top_k keys weigh more than 0; ties past it overflow
                 keep = uses_top_k & (top_k <= keep_limit) & (keep_limit >= 0)
+            elif SEED_BINS > 0:  # a seeded interval holds about k keys (more with ties: lanes overflow)
+                keep = seeded & (keep_limit >= 0)
             fresh = (counts, from_lo, above_hi, tl.zeros([BLOCK_V], tl.int64), tl.zeros([BLOCK_V], tl.int32))
             split_range = (row_ptr, split * split_len, tl.minimum(split * split_len + split_len, vocab))
             weighting = (max_logit, temperature, kth, z1)
