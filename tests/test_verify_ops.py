@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -321,6 +322,25 @@ def test_triton_top_k_search_seeded_from_the_max_pass(device, backend, seed_valu
     for name, value in (("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", programs_per_sm)):
         monkeypatch.setattr(triton_verify, name, value)
     assert_matches_reference(threshold_inputs(300), 3, device, backend)
+
+
+def test_triton_top_k_seed_layout(monkeypatch):
+    """The max pass stores SEED_VALUES lane-group maxima a row, a power of two a program that
+    divides BLOCK_V (at least one, at most one a lane), and none past SEED_MAX_SPLITS splits
+    a row or without SEED_VALUES."""
+    from specops.triton_kernels import verify as triton_verify
+
+    monkeypatch.setattr(triton_verify, "SEED_VALUES", 512)
+    monkeypatch.setattr(triton_verify, "SEED_MAX_SPLITS", 16)
+    monkeypatch.setattr(triton_verify, "BLOCK_V", 2048)
+    assert [triton_verify.seed_bins_for(n, triton.next_power_of_2(n)) for n in (1, 2, 7, 16, 17, 63)] == [
+        512, 256, 64, 32, 0, 0]
+    monkeypatch.setattr(triton_verify, "BLOCK_V", 64)
+    assert triton_verify.seed_bins_for(1, 1) == 64  # one lane a group at most
+    monkeypatch.setattr(triton_verify, "SEED_VALUES", 8)
+    assert triton_verify.seed_bins_for(16, 16) == 1  # one group a program at least
+    monkeypatch.setattr(triton_verify, "SEED_VALUES", 0)
+    assert triton_verify.seed_bins_for(2, 2) == 0
 
 
 def threshold_inputs(vocab):

@@ -117,6 +117,10 @@ SEARCH_KEPT_BYTES = 256 << 20
 # once instead of reading its row twice (verify_search.top_k_seed). 0: from the row max alone.
 SEED_VALUES = 512
 SEED_ROUNDS = 3  # 16-ary steps over those maxima: near the max, then two evenly spaced
+# Rows of more splits start unseeded: their round-0 programs read short splits, and the
+# seed's steps cost more than the pass they spare (H200: B=1, 63 splits, top-k 50 + top-p
+# 160.3 -> 163.2 µs seeded; B=16, 7 splits, 370.8 -> 321.4; bench/NOTES.md).
+SEED_MAX_SPLITS = 16
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
 DECIDE_WARPS = 8
@@ -191,6 +195,15 @@ def wave_split_len(num_rows: int, vocab: int, device: torch.device, resident: in
     return triton.cdiv(num_blocks, num_splits) * block
 
 
+def seed_bins_for(num_splits: int, block_s: int) -> int:
+    """Lane-group maxima a max-pass program stores for top-k's seed (verify_search.top_k_seed):
+    SEED_VALUES a row over ``block_s`` (a power of two >= the splits), at most one a lane; 0
+    (no seed) without SEED_VALUES or past SEED_MAX_SPLITS splits a row."""
+    if SEED_VALUES <= 0 or num_splits > SEED_MAX_SPLITS:
+        return 0
+    return min(BLOCK_V, max(SEED_VALUES // block_s, 1))
+
+
 def verify(
     target_logits,  # [num_tokens, vocab] float32 | bfloat16 | float16
     bonus_logits,  # [batch, vocab]
@@ -258,8 +271,7 @@ def verify(
         counters = row_counters(device, num_slots)  # None: none free of a fill in this graph
         max_pass_tests = counters is not None
     block_s = triton.next_power_of_2(max(num_splits, sum_splits))
-    # Lane-group maxima a max-pass program (a power of two dividing BLOCK_V; 0: no seed).
-    seed_bins = min(BLOCK_V, max(SEED_VALUES // block_s, 1)) if has_top_k and SEED_VALUES > 0 else 0
+    seed_bins = seed_bins_for(num_splits, block_s) if has_top_k else 0
 
     def empty(*shape, dtype):
         return torch.empty(shape, dtype=dtype, device=device)
