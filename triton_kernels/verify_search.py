@@ -269,8 +269,9 @@ def threshold_search_kernel(
             lo, hi = top_k_initial(max_logit)
             bound = top_k.to(tl.int64)
             if SEED_BINS > 0:
-                lo = top_k_seed(part_bins_ptr, slot, num_splits, top_k, max_logit, SEED_ROUNDS, SEED_BINS, BLOCK_S)
-                seeded = lo > top_k_initial(max_logit)[0]
+                seed = top_k_seed(part_bins_ptr, slot, num_splits, top_k, max_logit, SEED_ROUNDS, SEED_BINS, BLOCK_S)
+                seeded = seed > lo
+                lo = seed
         else:
             if HAS_TOP_K:
                 kth = row_kth(top_k_state_ptr, top_k_agg_ptr, slot, num_slots, num_splits, uses_top_k, top_k,
