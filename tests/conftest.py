@@ -38,6 +38,21 @@ def triton_verify():
     return verify
 
 
+def launch_grids(monkeypatch, module, name: str) -> list:
+    """The grids of every launch of kernel ``name`` of ``module`` from now on (the launches
+    still run), in order."""
+    grids = []
+    kernel = getattr(module, name)
+
+    class Recorded:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(module, name, Recorded())
+    return grids
+
+
 def capture(step, warmups: int = 1, stream: torch.cuda.Stream | None = None):
     """``step`` run ``warmups`` times on a side stream (compiles and allocates outside the
     graph), then captured in a CUDA graph (on ``stream`` when given): (graph, its outputs)."""

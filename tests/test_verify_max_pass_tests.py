@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, launch_grids
 from verify_inputs import make_inputs, triton_tokens
 
 from specops.reference.verify import accept_uniform, processed_probs
@@ -149,16 +149,7 @@ def test_batches_match_reference(device, max_pass_tests, triton_verify, monkeypa
 @pytest.fixture
 def launches_of_the_screen(triton_verify, monkeypatch):
     """The grids the screen launch is called with."""
-    grids = []
-    screen = triton_verify.screen_kernel
-
-    class Counted:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return screen[grid]
-
-    monkeypatch.setattr(triton_verify, "screen_kernel", Counted())
-    return grids
+    return launch_grids(monkeypatch, triton_verify, "screen_kernel")
 
 
 @pytest.mark.parametrize("device", DEVICES)

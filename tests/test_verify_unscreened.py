@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import HAS_CUDA, capture
+from conftest import HAS_CUDA, capture, launch_grids
 from verify_inputs import make_inputs, triton_tokens
 
 import specops
@@ -104,15 +104,7 @@ def test_gpu_one_launch_graph_replays(spares, triton_verify, monkeypatch):
 
     inputs = make_inputs([4], 50000, seed=2, with_top=False)
     inputs = {k: (v.cuda() if v is not None else None) for k, v in inputs.items()}
-    launched = []
-    fixed_sum = triton_verify.fixed_sum_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return fixed_sum[grid]
-
-    monkeypatch.setattr(triton_verify, "fixed_sum_kernel", Spy())
+    launched = launch_grids(monkeypatch, triton_verify, "fixed_sum_kernel")
     specops.verify(*inputs.values(), 4, False, backend=Backend.TRITON)  # an eager call: buffers and spares
     if not spares:  # new buffers come without spares, and none is left
         monkeypatch.setattr(verify_unscreened, "SPARE_BUFFERS", 0)
