@@ -299,13 +299,14 @@ def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
-@pytest.mark.parametrize("seed_values,kept_rows,programs_per_sm", [(2048, 16, 64), (8, 16, 64), (2048, 1, 16),
-                                                                   (0, 16, 64)],
-                         ids=["lane-groups", "split-maxima", "lanes-overflow", "unseeded"])
-def test_triton_top_k_search_seeded_from_the_max_pass(device, backend, seed_values, kept_rows, programs_per_sm,
-                                                      monkeypatch):
+@pytest.mark.parametrize("seed_values,seed_rounds,kept_rows,programs_per_sm",
+                         [(2048, 9, 16, 64), (2048, 3, 16, 64), (8, 9, 16, 64), (2048, 9, 1, 16), (0, 9, 16, 64)],
+                         ids=["lane-groups", "three-steps", "split-maxima", "lanes-overflow", "unseeded"])
+def test_triton_top_k_search_seeded_from_the_max_pass(device, backend, seed_values, seed_rounds, kept_rows,
+                                                      programs_per_sm, monkeypatch):
     """Top-k's round 0 starting from the k-th largest of the max pass's lane-group maxima
-    (verify_search.top_k_seed, run to the k-th largest maximum itself). Rows of 300 in five
+    (verify_search.top_k_seed, run to the k-th largest maximum itself, or its three steps: a
+    bound below it, from which the later rounds narrow to the k-th largest logit). Rows of 300 in five
     programs of one 64-entry block, so with one lane a group the bound is the k-th largest
     logit itself (a bound one rank too high
     would lose the k-th of request 2's distinct logits, and its log-probabilities); one
@@ -317,10 +318,36 @@ def test_triton_top_k_search_seeded_from_the_max_pass(device, backend, seed_valu
     from specops.triton_kernels import verify as triton_verify
 
     monkeypatch.setattr(triton_verify, "SEED_VALUES", seed_values)
-    monkeypatch.setattr(triton_verify, "SEED_ROUNDS", 9)  # the k-th largest maximum itself
+    monkeypatch.setattr(triton_verify, "SEED_ROUNDS", seed_rounds)  # 9: the k-th largest maximum itself
     monkeypatch.setattr(triton_verify, "SEARCH_KEPT_ROWS", kept_rows)
     for name, value in (("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", programs_per_sm)):
         monkeypatch.setattr(triton_verify, name, value)
+    assert_matches_reference(threshold_inputs(300), 3, device, backend)
+
+
+@pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("poison", ["zeros", "large"])
+def test_triton_search_reads_only_what_it_wrote(device, backend, poison, monkeypatch):
+    """Every buffer the launcher takes from torch.empty starts as 0s, or as a large value
+    (2^30; NaN in floats): a round that exits at once (its interval one key) and writes no
+    partials, or any read of partials or kept keys no round wrote, would move a threshold
+    with the poison. The seeded search of three steps (several rounds after the seed, the
+    last ones of one key) and top-p after it, at the sizes of the seeded test."""
+    from specops.triton_kernels import verify as triton_verify
+
+    real_empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        tensor = real_empty(*args, **kwargs)
+        if tensor.dtype.is_floating_point:
+            return tensor.fill_(0.0 if poison == "zeros" else float("nan"))
+        return tensor.fill_(0 if poison == "zeros" else 1 << 30)
+
+    monkeypatch.setattr(triton_verify, "SEED_VALUES", 2048)
+    monkeypatch.setattr(triton_verify, "SEED_ROUNDS", 3)
+    for name, value in (("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("SEARCH_KEPT_ROWS", 16)):
+        monkeypatch.setattr(triton_verify, name, value)
+    monkeypatch.setattr(torch, "empty", poisoned)
     assert_matches_reference(threshold_inputs(300), 3, device, backend)
 
 

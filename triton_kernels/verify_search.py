@@ -284,110 +284,113 @@ def threshold_search_kernel(
         if split == 0:
             tl.store(state_ptr + here * 2, lo)
             tl.store(state_ptr + here * 2 + 1, hi)
-        j = tl.arange(0, NUM_CANDIDATES)
-        # The keys are int32 (order keys; the bits of p in [0, 1]), and so are lo and hi:
-        # int32 compares (the candidates clamped to int32 all the same).
-        candidate = tl.minimum(tl.maximum(_candidates(lo, hi, j, search_round, MODE), -2147483648),
-                               2147483647).to(tl.int32)
-        lo32 = lo.to(tl.int32)
-        hi32 = hi.to(tl.int32)
-        this = slot.to(tl.int64) * num_splits + split
-        meta_ptr = kept_meta_ptr + this * META_COLUMNS
-        lane = tl.arange(0, BLOCK_V)
-        lanes_ptr = kept_lanes_ptr + this * BLOCK_V + lane
-        keys_ptr = kept_ptr + this * kept_rows * BLOCK_V + lane
-        rows_kept = tl.full([], -1, tl.int64)
-        if (search_round > 0) & (keep_limit >= 0):  # keep_limit -1: no kept-key buffers at all
-            rows_kept = tl.load(meta_ptr)
-        if MODE == TOP_K_MODE:
-            counts = tl.zeros([NUM_CANDIDATES, BLOCK_V], tl.int32)
-            from_lo = tl.zeros([BLOCK_V], tl.int32)
-            above_hi = tl.zeros([BLOCK_V], tl.int32)
-        else:
-            counts = tl.zeros([NUM_CANDIDATES, BLOCK_V], tl.int64)
-            from_lo = tl.zeros([BLOCK_V], tl.int64)
-            above_hi = tl.zeros([BLOCK_V], tl.int64)
-        if rows_kept >= 0:  # this split kept its keys in an earlier round
-            base = tl.load(meta_ptr + 1)  # A(hi) of the round that last wrote them: the mass above them
-            total = tl.load(meta_ptr + 2)
-            lane_count = tl.load(lanes_ptr)
-            # Counted as in a row pass, KEPT_UNROLL rows loaded at a time; those of [lo, hi]
-            # are moved down their column (never past a row already read), the rest dropped:
-            # the keys of the later rounds' intervals stay, and the stored mass above them
-            # becomes this round's A(hi). A column so shrinks about 16x a round.
-            stays = tl.zeros([BLOCK_V], tl.int32)
-            row = 0
-            while row < rows_kept:
-                key0 = tl.load(keys_ptr + row * BLOCK_V, mask=row < lane_count, other=0)
-                key1 = tl.load(keys_ptr + (row + 1) * BLOCK_V, mask=row + 1 < lane_count, other=0)
-                key2 = tl.load(keys_ptr + (row + 2) * BLOCK_V, mask=row + 2 < lane_count, other=0)
-                key3 = tl.load(keys_ptr + (row + 3) * BLOCK_V, mask=row + 3 < lane_count, other=0)
-                kept = (counts, from_lo, above_hi, stays)
-                kept = add_kept(key0, row, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
-                kept = add_kept(key1, row + 1, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
-                kept = add_kept(key2, row + 2, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
-                kept = add_kept(key3, row + 3, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
-                counts, from_lo, above_hi, stays = kept
-                row += KEPT_UNROLL
-            tl.store(lanes_ptr, stays)
-            tl.store(meta_ptr + 1, tl.sum(above_hi.to(tl.int64), axis=0) + base)
-            tl.store(meta_ptr, tl.max(stays, axis=0).to(tl.int64))
-        else:
-            SKIPS: tl.constexpr = (MODE == TOP_P_MODE) and HAS_TOP_K
-            keep = False
-            if search_round > 0:
-                keep = split_population(state_ptr, agg_ptr, search_round, slot, num_slots, num_splits, split, lo,
-                                        hi, MODE) <= keep_limit
-            elif SKIPS:  # top-p after top-k: about top_k keys weigh more than 0; ties past it overflow
-                keep = uses_top_k & (top_k <= keep_limit) & (keep_limit >= 0)
-            elif SEED_BINS > 0:  # a seeded interval holds about k keys (more with ties: lanes overflow)
-                keep = seeded & (keep_limit >= 0)
-            fresh = (counts, from_lo, above_hi, tl.zeros([BLOCK_V], tl.int64), tl.zeros([BLOCK_V], tl.int32))
-            split_range = (row_ptr, split * split_len, tl.minimum(split * split_len + split_len, vocab))
-            weighting = (max_logit, temperature, kth, z1)
-            base = tl.zeros([], tl.int64)
-            total = tl.zeros([], tl.int64)
-            if (search_round == 0) & (keep_limit >= 0):
-                tl.store(meta_ptr, -1)
-            # Top-k and top-p after top-k: a keeping pass adds no counts; its 16 candidates'
-            # counts come from the keys it kept, read back after it (the same integers: every
-            # key of [lo, hi] is kept, the others add to every candidate or to none), and a lane
-            # that overflowed voids them: the row is read again, counting. Top-p alone counts
-            # while keeping, in one pass (its bound on a split's keys is loose, so lanes
-            # overflow and recounts cost more than the counts: bench/NOTES.md).
-            DEFERS: tl.constexpr = (MODE == TOP_K_MODE) or SKIPS
-            if DEFERS:
-                counting_pass = keep == 0
-                if keep:
+        # An interval of one key is the threshold: nothing left to count (its partials are
+        # never read: no candidate lies below hi).
+        if lo < hi:
+            j = tl.arange(0, NUM_CANDIDATES)
+            # The keys are int32 (order keys; the bits of p in [0, 1]), and so are lo and hi:
+            # int32 compares (the candidates clamped to int32 all the same).
+            candidate = tl.minimum(tl.maximum(_candidates(lo, hi, j, search_round, MODE), -2147483648),
+                                   2147483647).to(tl.int32)
+            lo32 = lo.to(tl.int32)
+            hi32 = hi.to(tl.int32)
+            this = slot.to(tl.int64) * num_splits + split
+            meta_ptr = kept_meta_ptr + this * META_COLUMNS
+            lane = tl.arange(0, BLOCK_V)
+            lanes_ptr = kept_lanes_ptr + this * BLOCK_V + lane
+            keys_ptr = kept_ptr + this * kept_rows * BLOCK_V + lane
+            rows_kept = tl.full([], -1, tl.int64)
+            if (search_round > 0) & (keep_limit >= 0):  # keep_limit -1: no kept-key buffers at all
+                rows_kept = tl.load(meta_ptr)
+            if MODE == TOP_K_MODE:
+                counts = tl.zeros([NUM_CANDIDATES, BLOCK_V], tl.int32)
+                from_lo = tl.zeros([BLOCK_V], tl.int32)
+                above_hi = tl.zeros([BLOCK_V], tl.int32)
+            else:
+                counts = tl.zeros([NUM_CANDIDATES, BLOCK_V], tl.int64)
+                from_lo = tl.zeros([BLOCK_V], tl.int64)
+                above_hi = tl.zeros([BLOCK_V], tl.int64)
+            if rows_kept >= 0:  # this split kept its keys in an earlier round
+                base = tl.load(meta_ptr + 1)  # A(hi) of the round that last wrote them: the mass above them
+                total = tl.load(meta_ptr + 2)
+                lane_count = tl.load(lanes_ptr)
+                # Counted as in a row pass, KEPT_UNROLL rows loaded at a time; those of [lo, hi]
+                # are moved down their column (never past a row already read), the rest dropped:
+                # the keys of the later rounds' intervals stay, and the stored mass above them
+                # becomes this round's A(hi). A column so shrinks about 16x a round.
+                stays = tl.zeros([BLOCK_V], tl.int32)
+                row = 0
+                while row < rows_kept:
+                    key0 = tl.load(keys_ptr + row * BLOCK_V, mask=row < lane_count, other=0)
+                    key1 = tl.load(keys_ptr + (row + 1) * BLOCK_V, mask=row + 1 < lane_count, other=0)
+                    key2 = tl.load(keys_ptr + (row + 2) * BLOCK_V, mask=row + 2 < lane_count, other=0)
+                    key3 = tl.load(keys_ptr + (row + 3) * BLOCK_V, mask=row + 3 < lane_count, other=0)
+                    kept = (counts, from_lo, above_hi, stays)
+                    kept = add_kept(key0, row, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
+                    kept = add_kept(key1, row + 1, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
+                    kept = add_kept(key2, row + 2, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
+                    kept = add_kept(key3, row + 3, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
+                    counts, from_lo, above_hi, stays = kept
+                    row += KEPT_UNROLL
+                tl.store(lanes_ptr, stays)
+                tl.store(meta_ptr + 1, tl.sum(above_hi.to(tl.int64), axis=0) + base)
+                tl.store(meta_ptr, tl.max(stays, axis=0).to(tl.int64))
+            else:
+                SKIPS: tl.constexpr = (MODE == TOP_P_MODE) and HAS_TOP_K
+                keep = False
+                if search_round > 0:
+                    keep = split_population(state_ptr, agg_ptr, search_round, slot, num_slots, num_splits, split, lo,
+                                            hi, MODE) <= keep_limit
+                elif SKIPS:  # top-p after top-k: about top_k keys weigh more than 0; ties past it overflow
+                    keep = uses_top_k & (top_k <= keep_limit) & (keep_limit >= 0)
+                elif SEED_BINS > 0:  # a seeded interval holds about k keys (more with ties: lanes overflow)
+                    keep = seeded & (keep_limit >= 0)
+                fresh = (counts, from_lo, above_hi, tl.zeros([BLOCK_V], tl.int64), tl.zeros([BLOCK_V], tl.int32))
+                split_range = (row_ptr, split * split_len, tl.minimum(split * split_len + split_len, vocab))
+                weighting = (max_logit, temperature, kth, z1)
+                base = tl.zeros([], tl.int64)
+                total = tl.zeros([], tl.int64)
+                if (search_round == 0) & (keep_limit >= 0):
+                    tl.store(meta_ptr, -1)
+                # Top-k and top-p after top-k: a keeping pass adds no counts; its 16 candidates'
+                # counts come from the keys it kept, read back after it (the same integers: every
+                # key of [lo, hi] is kept, the others add to every candidate or to none), and a lane
+                # that overflowed voids them: the row is read again, counting. Top-p alone counts
+                # while keeping, in one pass (its bound on a split's keys is loose, so lanes
+                # overflow and recounts cost more than the counts: bench/NOTES.md).
+                DEFERS: tl.constexpr = (MODE == TOP_K_MODE) or SKIPS
+                if DEFERS:
+                    counting_pass = keep == 0
+                    if keep:
+                        keeping = (candidate, lo32, hi32, keys_ptr, kept_rows, keep)
+                        sums = row_pass(*split_range, weighting, fresh, keeping, MODE, UNROLL, BLOCK_V, SKIPS, False)
+                        counts, from_lo, above_hi, totals, lane_count = sums
+                        total = tl.sum(totals, axis=0)
+                        most = tl.max(lane_count, axis=0)
+                        if most <= kept_rows:
+                            _store_kept_record(lanes_ptr, meta_ptr, lane_count, most, above_hi, total)
+                            tl.debug_barrier()  # the kept keys visible to the whole program
+                            counts = count_kept(keys_ptr, most, lane_count, counts, candidate, MODE, BLOCK_V)
+                            counts += above_hi[None, :]  # keys above hi: above every candidate <= hi
+                        else:
+                            counting_pass = True
+                    if counting_pass:
+                        sums = row_pass(*split_range, weighting, fresh,
+                                        (candidate, lo32, hi32, keys_ptr, kept_rows, False),
+                                        MODE, UNROLL, BLOCK_V, SKIPS, True)
+                        counts, from_lo, above_hi, totals, lane_count = sums
+                        total = tl.sum(totals, axis=0)
+                else:
                     sums = row_pass(*split_range, weighting, fresh, (candidate, lo32, hi32, keys_ptr, kept_rows, keep),
-                                    MODE, UNROLL, BLOCK_V, SKIPS, False)
-                    counts, from_lo, above_hi, totals, lane_count = sums
-                    total = tl.sum(totals, axis=0)
-                    most = tl.max(lane_count, axis=0)
-                    if most <= kept_rows:
-                        _store_kept_record(lanes_ptr, meta_ptr, lane_count, most, above_hi, total)
-                        tl.debug_barrier()  # the kept keys visible to the whole program
-                        counts = count_kept(keys_ptr, most, lane_count, counts, candidate, MODE, BLOCK_V)
-                        counts += above_hi[None, :]  # keys above hi: above every candidate <= hi
-                    else:
-                        counting_pass = True
-                if counting_pass:
-                    sums = row_pass(*split_range, weighting, fresh,
-                                    (candidate, lo32, hi32, keys_ptr, kept_rows, False),
                                     MODE, UNROLL, BLOCK_V, SKIPS, True)
                     counts, from_lo, above_hi, totals, lane_count = sums
                     total = tl.sum(totals, axis=0)
-            else:
-                sums = row_pass(*split_range, weighting, fresh, (candidate, lo32, hi32, keys_ptr, kept_rows, keep),
-                                MODE, UNROLL, BLOCK_V, SKIPS, True)
-                counts, from_lo, above_hi, totals, lane_count = sums
-                total = tl.sum(totals, axis=0)
-                if keep:
-                    most = tl.max(lane_count, axis=0)
-                    if most <= kept_rows:  # else a lane overflowed: read the row again next round
-                        _store_kept_record(lanes_ptr, meta_ptr, lane_count, most, above_hi, total)
-        out = agg_ptr + (here * num_splits + split) * AGG_COLUMNS
-        tl.store(out + j, tl.sum(counts.to(tl.int64), axis=1) + base)
-        tl.store(out + TOTAL_COLUMN, total)
-        tl.store(out + FROM_LO_COLUMN, tl.sum(from_lo.to(tl.int64), axis=0) + base)
-        tl.store(out + ABOVE_HI_COLUMN, tl.sum(above_hi.to(tl.int64), axis=0) + base)
+                    if keep:
+                        most = tl.max(lane_count, axis=0)
+                        if most <= kept_rows:  # else a lane overflowed: read the row again next round
+                            _store_kept_record(lanes_ptr, meta_ptr, lane_count, most, above_hi, total)
+            out = agg_ptr + (here * num_splits + split) * AGG_COLUMNS
+            tl.store(out + j, tl.sum(counts.to(tl.int64), axis=1) + base)
+            tl.store(out + TOTAL_COLUMN, total)
+            tl.store(out + FROM_LO_COLUMN, tl.sum(from_lo.to(tl.int64), axis=0) + base)
+            tl.store(out + ABOVE_HI_COLUMN, tl.sum(above_hi.to(tl.int64), axis=0) + base)
