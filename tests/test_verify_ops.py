@@ -299,17 +299,19 @@ def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
-@pytest.mark.parametrize("seed_values,seed_rounds,kept_rows,programs_per_sm",
-                         [(2048, 9, 16, 64), (2048, 3, 16, 64), (8, 9, 16, 64), (2048, 9, 1, 16), (0, 9, 16, 64)],
-                         ids=["lane-groups", "three-steps", "split-maxima", "lanes-overflow", "unseeded"])
-def test_triton_top_k_search_seeded_from_the_max_pass(device, backend, seed_values, seed_rounds, kept_rows,
-                                                      programs_per_sm, monkeypatch):
+@pytest.mark.parametrize("seed_values,coarse_values,seed_rounds,kept_rows,programs_per_sm",
+                         [(2048, 512, 9, 16, 64), (2048, 128, 9, 16, 64), (2048, 512, 3, 16, 64), (8, 512, 9, 16, 64),
+                          (2048, 512, 9, 1, 16), (0, 512, 9, 16, 64)],
+                         ids=["lane-groups", "two-sets", "three-steps", "split-maxima", "lanes-overflow", "unseeded"])
+def test_triton_top_k_search_seeded_from_the_max_pass(device, backend, seed_values, coarse_values, seed_rounds,
+                                                      kept_rows, programs_per_sm, monkeypatch):
     """Top-k's round 0 starting from the k-th largest of the max pass's lane-group maxima
     (verify_search.top_k_seed, run to the k-th largest maximum itself, or its three steps: a
     bound below it, from which the later rounds narrow to the k-th largest logit). Rows of 300 in five
     programs of one 64-entry block, so with one lane a group the bound is the k-th largest
     logit itself (a bound one rank too high
-    would lose the k-th of request 2's distinct logits, and its log-probabilities); one
+    would lose the k-th of request 2's distinct logits, and its log-probabilities); two
+    sets, k = 1 and 5 seeded from 80 maxima of four lanes, k = 150 from every logit; one
     group a program: the split maxima, fewer than k = 150 of them (that request starts
     unseeded) and a bound far below the 5th largest; programs of two blocks (a lane meets
     two logits) keeping one key a lane, so lanes overflow and read their rows again,
@@ -318,6 +320,7 @@ def test_triton_top_k_search_seeded_from_the_max_pass(device, backend, seed_valu
     from specops.triton_kernels import verify as triton_verify
 
     monkeypatch.setattr(triton_verify, "SEED_VALUES", seed_values)
+    monkeypatch.setattr(triton_verify, "SEED_COARSE_VALUES", coarse_values)
     monkeypatch.setattr(triton_verify, "SEED_ROUNDS", seed_rounds)  # 9: the k-th largest maximum itself
     monkeypatch.setattr(triton_verify, "SEARCH_KEPT_ROWS", kept_rows)
     for name, value in (("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", programs_per_sm)):
@@ -332,7 +335,8 @@ def test_triton_search_reads_only_what_it_wrote(device, backend, poison, monkeyp
     (2^30; NaN in floats): a round that exits at once (its interval one key) and writes no
     partials, or any read of partials or kept keys no round wrote, would move a threshold
     with the poison. The seeded search of three steps (several rounds after the seed, the
-    last ones of one key) and top-p after it, at the sizes of the seeded test."""
+    last ones of one key; coarse maxima for k = 1 and 5) and top-p after it, at the sizes of
+    the seeded test."""
     from specops.triton_kernels import verify as triton_verify
 
     real_empty = torch.empty
@@ -344,6 +348,7 @@ def test_triton_search_reads_only_what_it_wrote(device, backend, poison, monkeyp
         return tensor.fill_(0 if poison == "zeros" else 1 << 30)
 
     monkeypatch.setattr(triton_verify, "SEED_VALUES", 2048)
+    monkeypatch.setattr(triton_verify, "SEED_COARSE_VALUES", 128)
     monkeypatch.setattr(triton_verify, "SEED_ROUNDS", 3)
     for name, value in (("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("SEARCH_KEPT_ROWS", 16)):
         monkeypatch.setattr(triton_verify, name, value)
@@ -352,22 +357,25 @@ def test_triton_search_reads_only_what_it_wrote(device, backend, poison, monkeyp
 
 
 def test_triton_top_k_seed_layout(monkeypatch):
-    """The max pass stores SEED_VALUES lane-group maxima a row, a power of two a program that
-    divides BLOCK_V (at least one, at most one a lane), and none past SEED_MAX_SPLITS splits
-    a row or without SEED_VALUES."""
+    """The max pass stores SEED_VALUES lane-group maxima a row and SEED_COARSE_VALUES coarser
+    ones, each a power of two a program that divides BLOCK_V (at least one, at most one a
+    lane; no coarse set as fine as the other), and none past SEED_MAX_SPLITS splits a row or
+    without SEED_VALUES."""
     from specops.triton_kernels import verify as triton_verify
 
-    monkeypatch.setattr(triton_verify, "SEED_VALUES", 512)
+    monkeypatch.setattr(triton_verify, "SEED_VALUES", 2048)
+    monkeypatch.setattr(triton_verify, "SEED_COARSE_VALUES", 512)
     monkeypatch.setattr(triton_verify, "SEED_MAX_SPLITS", 16)
     monkeypatch.setattr(triton_verify, "BLOCK_V", 2048)
     assert [triton_verify.seed_bins_for(n, triton.next_power_of_2(n)) for n in (1, 2, 7, 16, 17, 63)] == [
-        512, 256, 64, 32, 0, 0]
+        (2048, 512), (1024, 256), (256, 64), (128, 32), (0, 0), (0, 0)]
     monkeypatch.setattr(triton_verify, "BLOCK_V", 64)
-    assert triton_verify.seed_bins_for(1, 1) == 64  # one lane a group at most
+    assert triton_verify.seed_bins_for(1, 1) == (64, 0)  # one lane a group at most: one set
+    assert triton_verify.seed_bins_for(16, 16) == (64, 32)
     monkeypatch.setattr(triton_verify, "SEED_VALUES", 8)
-    assert triton_verify.seed_bins_for(16, 16) == 1  # one group a program at least
+    assert triton_verify.seed_bins_for(16, 16) == (1, 0)  # one group a program at least
     monkeypatch.setattr(triton_verify, "SEED_VALUES", 0)
-    assert triton_verify.seed_bins_for(2, 2) == 0
+    assert triton_verify.seed_bins_for(2, 2) == (0, 0)
 
 
 def threshold_inputs(vocab):

@@ -112,10 +112,14 @@ SEARCH_KEPT_ROWS = 64
 # wanted 128 GiB before this cap) fewer rows, the keep limit scaled with them, none below one.
 SEARCH_KEPT_BYTES = 256 << 20
 # Top-k's round 0 starts from a lower bound on the k-th largest logit, found in SEED_ROUNDS
-# 16-ary steps over SEED_VALUES lane-group maxima a row that the max pass stores
-# (SEED_VALUES / the splits' power of two a program), so it keeps its interval's keys at
-# once instead of reading its row twice (verify_search.top_k_seed). 0: from the row max alone.
-SEED_VALUES = 512
+# 16-ary steps over lane-group maxima that the max pass stores (verify_search.top_k_seed), so
+# it keeps its interval's keys at once instead of reading its row twice. Two sets a row:
+# SEED_COARSE_VALUES maxima for k up to those over SEED_DENSITY, SEED_VALUES finer ones for
+# larger k (up to their count; past it the row starts unseeded). Each a power of two a
+# program (over the splits' power of two). 0: from the row max alone.
+SEED_VALUES = 2048
+SEED_COARSE_VALUES = 512
+SEED_DENSITY = 1  # coarse maxima a kept key at least (H100: coarse at 1.6 beat fine by 3%)
 SEED_ROUNDS = 3  # 16-ary steps over those maxima: near the max, then two evenly spaced
 # Rows of more splits start unseeded: their round-0 programs read short splits, and the
 # seed's steps cost more than the pass they spare (H200: B=1, 63 splits, top-k 50 + top-p
@@ -195,13 +199,17 @@ def wave_split_len(num_rows: int, vocab: int, device: torch.device, resident: in
     return triton.cdiv(num_blocks, num_splits) * block
 
 
-def seed_bins_for(num_splits: int, block_s: int) -> int:
-    """Lane-group maxima a max-pass program stores for top-k's seed (verify_search.top_k_seed):
-    SEED_VALUES a row over ``block_s`` (a power of two >= the splits), at most one a lane; 0
-    (no seed) without SEED_VALUES or past SEED_MAX_SPLITS splits a row."""
+def seed_bins_for(num_splits: int, block_s: int) -> tuple[int, int]:
+    """(fine, coarse) lane-group maxima a max-pass program stores for top-k's seed
+    (verify_search.top_k_seed): SEED_VALUES and SEED_COARSE_VALUES a row over ``block_s`` (a
+    power of two >= the splits), at most one a lane, at least one; coarse 0 where it would
+    be as fine (one set). (0, 0): no seed, without SEED_VALUES or past SEED_MAX_SPLITS
+    splits a row."""
     if SEED_VALUES <= 0 or num_splits > SEED_MAX_SPLITS:
-        return 0
-    return min(BLOCK_V, max(SEED_VALUES // block_s, 1))
+        return 0, 0
+    fine = min(BLOCK_V, max(SEED_VALUES // block_s, 1))
+    coarse = min(fine, max(SEED_COARSE_VALUES // block_s, 1))
+    return fine, (coarse if coarse < fine else 0)
 
 
 def verify(
@@ -271,13 +279,13 @@ def verify(
         counters = row_counters(device, num_slots)  # None: none free of a fill in this graph
         max_pass_tests = counters is not None
     block_s = triton.next_power_of_2(max(num_splits, sum_splits))
-    seed_bins = seed_bins_for(num_splits, block_s) if has_top_k else 0
+    seed_bins, seed_coarse = seed_bins_for(num_splits, block_s) if has_top_k else (0, 0)
 
     def empty(*shape, dtype):
         return torch.empty(shape, dtype=dtype, device=device)
 
     part_max = empty(num_slots, num_splits, dtype=torch.float32)
-    part_bins = empty(num_slots, num_splits, seed_bins, dtype=torch.float32) if seed_bins else part_max
+    part_bins = empty(num_slots, num_splits, seed_bins + seed_coarse, dtype=torch.float32) if seed_bins else part_max
     part_arg = empty(num_slots, num_splits, dtype=torch.int32)
     part_sum = empty(num_slots, sum_splits, dtype=torch.int64)
     mass_block = min(MASS_BLOCK, BLOCK_V)
@@ -336,6 +344,7 @@ def verify(
             tests = (part_max, part_arg, draft_token_ids, part_max, seeds, positions)  # stand-ins, never read
         row_max_kernel[grid](part_max, part_arg, part_approx, part_bins, *rows, temperature_arg, *tests, *sizes,
                              ALL_GREEDY=greedy_only, BLOCK_V=BLOCK_V, TESTS=max_pass_tests, BINS=seed_bins,
+                             COARSE_BINS=seed_coarse,
                              HAS_DRAFT_PROBS=draft_probs is not None, num_warps=NUM_WARPS, PDL=pdl,
                              maxnreg=REGISTERS_PER_SM // (ROW_MAX_RESIDENT * NUM_WARPS * 32) // 8 * 8)
     flags = {"HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_S": block_s}
@@ -344,7 +353,7 @@ def verify(
         threshold_search_kernel[grid](*top_k_search, *kept, part_max, part_arg, part_bins, *top_k_search, part_sum,
                                       *rows, *params, num_tokens, vocab, width, split_len, search_round, *keeping,
                                       MODE=TOP_K_MODE, SEED_BINS=seed_bins if search_round == 0 else 0,
-                                      SEED_ROUNDS=SEED_ROUNDS,
+                                      SEED_COARSE=seed_coarse, SEED_DENSITY=SEED_DENSITY, SEED_ROUNDS=SEED_ROUNDS,
                                       **search_flags)
     # Written by the screen only (unscreened: never read, the output stands in).
     screen_launch = screened and not max_pass_tests

@@ -170,14 +170,15 @@ def _scan_tests(row_ptr, v_begin, end, first, z_x, scale, x_rel, MODE: tl.conste
 # TRUSTED_RATIO binades above z_x, z_x is -inf or 1 / T is not a positive float; greedy,
 # PASSES when none precedes the draft (exact). Bonus rows store their max and argmax only.
 # BINS (top-k calls): a program also stores the maxima of BINS groups of its lanes, each a
-# logit of its split or -inf, from which the top-k search seeds its interval (verify_search.py).
+# logit of its split or -inf, then those of COARSE_BINS groups, from which the top-k search
+# seeds its interval (verify_search.top_k_seed).
 # Bytes: the row once over all splits (TESTS: and the draft's logit and draft prob).
 @triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
 def row_max_kernel(
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
     part_approx_ptr,  # [batch * width, num_splits] float32 (not TESTS)
-    part_bins_ptr,  # [batch * width, num_splits, BINS] float32 (BINS > 0): lane-group maxima
+    part_bins_ptr,  # [batch * width, num_splits, BINS + COARSE_BINS] float32 (BINS > 0): lane-group maxima
     target_ptr,  # [num_tokens, vocab] float32 | bfloat16 | float16
     bonus_ptr,  # [batch, vocab]
     cu_ptr,  # [batch] int32
@@ -197,6 +198,7 @@ def row_max_kernel(
     TESTS: tl.constexpr = False,
     HAS_DRAFT_PROBS: tl.constexpr = False,
     BINS: tl.constexpr = 0,  # (not TESTS) lane-group maxima stored for the top-k search's seed
+    COARSE_BINS: tl.constexpr = 0,  # and coarser ones after them (BINS > 0)
     PDL: tl.constexpr = False,
 ):
     chain_launch(PDL, WAITS=False)  # the chain's first launch: a plain one
@@ -251,8 +253,11 @@ def row_max_kernel(
                 split_sum = tl.sum(approx * lane_weight, axis=0)
             tl.store(part_approx_ptr + out, split_sum)
             if BINS > 0:  # each the max of BLOCK_V / BINS lanes: a logit of the split, or -inf
-                bins = tl.max(tl.reshape(best, [BINS, BLOCK_V // BINS]), axis=1)
-                tl.store(part_bins_ptr + out * BINS + tl.arange(0, BINS), bins)
+                bins_ptr = part_bins_ptr + out * (BINS + COARSE_BINS)
+                tl.store(bins_ptr + tl.arange(0, BINS), tl.max(tl.reshape(best, [BINS, BLOCK_V // BINS]), axis=1))
+                if COARSE_BINS > 0:
+                    coarse = tl.max(tl.reshape(best, [COARSE_BINS, BLOCK_V // COARSE_BINS]), axis=1)
+                    tl.store(bins_ptr + BINS + tl.arange(0, COARSE_BINS), coarse)
         tl.store(part_max_ptr + out, split_best)
         tl.store(part_arg_ptr + out, tl.min(tl.where(best == split_best, best_index, INDEX_MAX), axis=0))
         if TESTS:

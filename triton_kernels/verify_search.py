@@ -139,19 +139,16 @@ def top_k_initial(max_logit):
 
 
 @triton.jit
-def top_k_seed(part_bins_ptr, slot, num_splits, top_k, max_logit, ROUNDS: tl.constexpr, BINS: tl.constexpr,
+def _seed_over(maxima_ptr, stride, num_splits, top_k, max_logit, ROUNDS: tl.constexpr, COUNT: tl.constexpr,
                BLOCK_S: tl.constexpr):
-    """A lower bound on a slot's k-th largest logit, as an int64 order key, from the max
-    pass's lane-group maxima (verify_rows.py, BINS a program): these are logits of the row
-    (or -inf), so the k-th largest of them is at most the row's own. ROUNDS 16-ary
-    steps over their keys, counting in registers (the first near the max, as the search's
-    round 0), narrow an interval holding that k-th largest; its low end is the bound:
-    key(-inf) (no seed) where fewer than k maxima are finite."""
+    """The low end of an interval holding the k-th largest of a row's COUNT maxima a split
+    (``stride`` apart), after ROUNDS 16-ary steps over their order keys counted in registers
+    (the first near the max, as the search's round 0): key(-inf) where fewer than k are
+    finite."""
     s = tl.arange(0, BLOCK_S)[:, None]
-    g = tl.arange(0, BINS)[None, :]
-    maxima = tl.load(part_bins_ptr + (slot.to(tl.int64) * num_splits + s) * BINS + g, mask=s < num_splits,
+    maxima = tl.load(maxima_ptr + s * stride + tl.arange(0, COUNT)[None, :], mask=s < num_splits,
                      other=float("-inf"))
-    keys = tl.reshape(order_key(maxima), [BLOCK_S * BINS])
+    keys = tl.reshape(order_key(maxima), [BLOCK_S * COUNT])
     lo, hi = top_k_initial(max_logit)
     j = tl.arange(0, NUM_CANDIDATES)
     for seed_round in tl.static_range(ROUNDS):
@@ -161,6 +158,25 @@ def top_k_seed(part_bins_ptr, slot, num_splits, top_k, max_logit, ROUNDS: tl.con
         new_lo = tl.max(tl.where(valid & at_least, candidate, lo), axis=0)
         hi = tl.min(tl.where(valid & ~at_least, candidate - 1, hi), axis=0)
         lo = new_lo
+    return lo
+
+
+@triton.jit
+def top_k_seed(part_bins_ptr, slot, num_splits, top_k, max_logit, ROUNDS: tl.constexpr, BINS: tl.constexpr,
+               COARSE: tl.constexpr, DENSITY: tl.constexpr, BLOCK_S: tl.constexpr):
+    """A lower bound on a slot's k-th largest logit, as an int64 order key, from the max
+    pass's lane-group maxima (verify_rows.py: BINS a program, then COARSE coarser ones):
+    these are logits of the row (or -inf), so the k-th largest of them is at most the row's
+    own. The coarse set where it holds DENSITY maxima a kept key (fewer compares), else the
+    fine one (_seed_over)."""
+    row = part_bins_ptr + slot.to(tl.int64) * num_splits * (BINS + COARSE)
+    if COARSE > 0:
+        if top_k * DENSITY <= num_splits * COARSE:
+            lo = _seed_over(row + BINS, BINS + COARSE, num_splits, top_k, max_logit, ROUNDS, COARSE, BLOCK_S)
+        else:
+            lo = _seed_over(row, BINS + COARSE, num_splits, top_k, max_logit, ROUNDS, BINS, BLOCK_S)
+    else:
+        lo = _seed_over(row, BINS, num_splits, top_k, max_logit, ROUNDS, BINS, BLOCK_S)
     return lo
 
 
@@ -222,7 +238,7 @@ def threshold_search_kernel(
     kept_meta_ptr,  # [batch * width, num_splits, META_COLUMNS] int64
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
-    part_bins_ptr,  # [batch * width, num_splits, SEED_BINS] float32: the max pass's lane-group maxima (SEED_BINS)
+    part_bins_ptr,  # [batch * width, num_splits, SEED_BINS + SEED_COARSE] float32: the max pass's lane-group maxima
     top_k_state_ptr,  # top-k search of the same shapes (read in TOP_P_MODE)
     top_k_agg_ptr,
     part_sum_ptr,  # [batch * width, num_splits] int64: z1 partials (read in TOP_P_MODE)
@@ -246,6 +262,8 @@ def threshold_search_kernel(
     BLOCK_S: tl.constexpr,
     UNROLL: tl.constexpr = 4,  # blocks loaded a step: 1, 2 or 4 (masked past the split's end)
     SEED_BINS: tl.constexpr = 0,  # top-k's round 0: its interval starts at top_k_seed's bound
+    SEED_COARSE: tl.constexpr = 0,  # the max pass's coarse maxima after the SEED_BINS (0: none)
+    SEED_DENSITY: tl.constexpr = 1,  # the coarse ones seed k up to their count over this
     SEED_ROUNDS: tl.constexpr = 3,  # top_k_seed's steps (9: the k-th largest maximum itself)
     PDL: tl.constexpr = False,
 ):
@@ -269,7 +287,8 @@ def threshold_search_kernel(
             lo, hi = top_k_initial(max_logit)
             bound = top_k.to(tl.int64)
             if SEED_BINS > 0:
-                seed = top_k_seed(part_bins_ptr, slot, num_splits, top_k, max_logit, SEED_ROUNDS, SEED_BINS, BLOCK_S)
+                seed = top_k_seed(part_bins_ptr, slot, num_splits, top_k, max_logit, SEED_ROUNDS, SEED_BINS,
+                                  SEED_COARSE, SEED_DENSITY, BLOCK_S)
                 seeded = seed > lo
                 lo = seed
         else:
