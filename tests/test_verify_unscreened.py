@@ -105,6 +105,10 @@ def test_gpu_one_launch_graph_replays(spares, triton_verify, monkeypatch):
     inputs = make_inputs([4], 50000, seed=2, with_top=False)
     inputs = {k: (v.cuda() if v is not None else None) for k, v in inputs.items()}
     launched = launch_grids(monkeypatch, triton_verify, "fixed_sum_kernel")
+    # Counters of this test alone: earlier tests of the process may have taken the spares,
+    # or left a buffer under the stream handle the capture stream reuses.
+    monkeypatch.setattr(verify_unscreened, "_COUNTERS", {})
+    monkeypatch.setattr(verify_unscreened, "_SPARES", {})
     specops.verify(*inputs.values(), 4, False, backend=Backend.TRITON)  # an eager call: buffers and spares
     if not spares:  # new buffers come without spares, and none is left
         monkeypatch.setattr(verify_unscreened, "SPARE_BUFFERS", 0)
