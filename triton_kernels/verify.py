@@ -396,7 +396,8 @@ def verify(
     decide_kernel[(batch,)](
         out, num_accepted, logprobs if return_logprobs else out, sample_float, sample_int, arrivals, block_sum,
         resume, *(verdicts if one_launch else (max_pass_verdicts if max_pass_tests else out, part_max, part_sum)),
-        part_max, part_arg, part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits, **request_flags, MASS_BLOCK=mass_block,
+        part_max, part_arg, part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits, **request_flags,
+        MASS_BLOCK=mass_block,
         BLOCK_B=triton.next_power_of_2(triton.cdiv(vocab, mass_block)), PROPOSAL_ROUND=PROPOSAL_ROUND,
         BLOCK_W=triton.next_power_of_2(width), SCREENED=screen_launch,
         VERDICTS=test_steps or max_pass_tests, SLOT_STATS=test_steps, num_warps=DECIDE_WARPS, **exact,
