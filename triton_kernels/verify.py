@@ -26,6 +26,7 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
    (always a range, usually one step) in turn; with top-k, top-p or log-probabilities
    (every step marked) grid (width * B * S,), a step each;
 5. top-p search and normaliser z2 (only with top_p given): 8 rounds + 1, top-p rows;
+   after top-k both read only the blocks whose z1 block sum is not 0 (about top_k a row);
 6. decisions, grid (B,): the remaining acceptance tests, exactly, from the screen's stop
    (or the first step whose verdict is not a pass);
    a bonus row or n-gram rejection draws its token here, by inversion over the normaliser's
@@ -309,6 +310,17 @@ def verify(
     else:  # never read or written without keeping: stand-ins of the right dtypes
         kept = (part_arg, part_arg, part_sum)
     keeping = (kept_rows, keep_limit)
+    # Top-p after top-k: its row passes and second normaliser read only the blocks the first
+    # normaliser left nonzero, listed a program at a time in one scratch buffer (the search's
+    # row passes where its blocks are the normaliser's).
+    live_search_blocks = live_sum_blocks = 0
+    live_list = part_arg  # a stand-in, never read or written
+    if has_top_k and has_top_p:
+        live_sum_blocks = triton.next_power_of_2(triton.cdiv(sum_split_len, mass_block))
+        if search_block_v == mass_block:
+            live_search_blocks = triton.next_power_of_2(triton.cdiv(split_len, search_block_v))
+        live_list = empty(num_slots * max(num_splits * live_search_blocks, sum_splits * live_sum_blocks),
+                          dtype=torch.int32)
     # Absent optional tensors: any tensor of the right dtype stands in (never read).
     top_k_arg = top_k if has_top_k else cu_num_draft_tokens
     top_p_arg = top_p if has_top_p else part_max
@@ -351,9 +363,10 @@ def verify(
     search_flags = {"BLOCK_V": search_block_v, "UNROLL": SEARCH_UNROLL, "num_warps": SEARCH_WARPS, **flags, **exact}
     for search_round in range(TOP_K_ROUNDS.value if has_top_k else 0):
         threshold_search_kernel[grid](*top_k_search, *kept, part_max, part_arg, part_bins, *top_k_search, part_sum,
-                                      *rows, *params, num_tokens, vocab, width, split_len, search_round, *keeping,
-                                      MODE=TOP_K_MODE, SEED_BINS=seed_bins if search_round == 0 else 0,
-                                      SEED_COARSE=seed_coarse, SEED_DENSITY=SEED_DENSITY, SEED_ROUNDS=SEED_ROUNDS,
+                                      block_sum, part_arg, *rows, *params, num_tokens, vocab, width, split_len,
+                                      search_round, *keeping, MODE=TOP_K_MODE,
+                                      SEED_BINS=seed_bins if search_round == 0 else 0, SEED_COARSE=seed_coarse,
+                                      SEED_DENSITY=SEED_DENSITY, SEED_ROUNDS=SEED_ROUNDS,
                                       **search_flags)
     # Written by the screen only (unscreened: never read, the output stands in).
     screen_launch = screened and not max_pass_tests
@@ -379,15 +392,16 @@ def verify(
                  "VERDICTS": max_pass_tests, "BLOCK_W": triton.next_power_of_2(width), "num_warps": SUM_WARPS,
                  **flags, **exact}
     if not one_launch:
-        fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=False,
-                                   **sum_flags)
+        fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, live_list, *rows, *params, *sum_sizes,
+                                   SECOND=False, **sum_flags)
     if has_top_p:
         for search_round in range(TOP_P_ROUNDS.value):
             threshold_search_kernel[grid](*top_p_search, *kept, part_max, part_arg, part_bins, *top_k_search,
-                                          part_sum, *rows, *params, num_tokens, vocab, width, split_len, search_round,
-                                          *keeping, MODE=TOP_P_MODE, **search_flags)
-        fixed_sum_kernel[sum_grid](part_sum2, block_sum, *sums, part_sum, *rows, *params, *sum_sizes, SECOND=True,
-                                   **sum_flags)
+                                          part_sum, block_sum, live_list, *rows, *params, num_tokens, vocab, width,
+                                          split_len, search_round, *keeping, MODE=TOP_P_MODE,
+                                          LIVE_BLOCKS=live_search_blocks, **search_flags)
+        fixed_sum_kernel[sum_grid](part_sum2, block_sum, *sums, part_sum, live_list, *rows, *params, *sum_sizes,
+                                   SECOND=True, LIVE_BLOCKS=live_sum_blocks, **sum_flags)
 
     sample_float = empty(batch, SAMPLE_FLOATS.value, dtype=torch.float32)
     sample_int = empty(batch, SAMPLE_INTS.value, dtype=torch.int64)
@@ -410,7 +424,8 @@ def verify(
     residual_sample_kernel[(batch, triton.cdiv(vocab, mass_split_len))](
         out, logprobs if return_logprobs else out, block_mass, arrivals, sample_float, sample_int, target_logits,
         bonus_logits, draft_probs, cu_num_draft_tokens, seeds, num_tokens, vocab, width, mass_split_len,
-        HAS_TOP_P=has_top_p, RETURN_LOGPROBS=return_logprobs, BLOCK_V=BLOCK_V, BLOCK_B=triton.next_power_of_2(num_blocks),
+        HAS_TOP_P=has_top_p, RETURN_LOGPROBS=return_logprobs, BLOCK_V=BLOCK_V,
+        BLOCK_B=triton.next_power_of_2(num_blocks),
         num_warps=RESIDUAL_WARPS, maxnreg=RESIDUAL_MAX_REGISTERS, **exact,
     )
     return out, num_accepted, logprobs

@@ -20,6 +20,7 @@ import triton.language as tl
 from .ragged import draft_range
 from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, fixed_weights, load_logits, processed_weights
 from .verify_search import row_kth, row_p_min
+from .verify_search_counts import live_list
 from .verify_slots import (PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, request_params,
                            row_fixed_sum, row_max_argmax, slot_row)
 
@@ -297,6 +298,7 @@ def fixed_sum_kernel(
     top_p_state_ptr,  # (SECOND) as top_k_state_ptr
     top_p_agg_ptr,  # (SECOND) as top_k_agg_ptr
     first_sum_ptr,  # (SECOND) [batch * width, sum_splits] int64: z1 partials
+    live_list_ptr,  # (SECOND, LIVE_BLOCKS) [batch * width, sum_splits, LIVE_BLOCKS] int32: scratch
     target_ptr,  # [num_tokens, vocab]
     bonus_ptr,  # [batch, vocab]
     cu_ptr,  # [batch] int32
@@ -318,6 +320,7 @@ def fixed_sum_kernel(
     MARKED: tl.constexpr = True,  # False: no screen ran, every reachable step is summed (or VERDICTS)
     VERDICTS: tl.constexpr = False,  # (not MARKED) the steps the max pass's verdicts leave (row_max_kernel, TESTS)
     BLOCK_W: tl.constexpr = 8,  # (VERDICTS) a power of two >= width
+    LIVE_BLOCKS: tl.constexpr = 0,  # (SECOND with top-k) a power of two >= a split's mass blocks
     PDL: tl.constexpr = False,
 ):
     program = tl.program_id(0)
@@ -367,13 +370,14 @@ def fixed_sum_kernel(
             p_min = row_p_min(top_p_state_ptr, top_p_agg_ptr, slot, num_slots, row_splits, uses_top_p, top_p,
                               BLOCK_S)
         blocks = block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, MASS_BLOCK)
-        split_range = (row_ptr, blocks, split * split_len, split_len, vocab)
+        list_ptr = live_list_ptr + (slot.to(tl.int64) * num_splits + split) * LIVE_BLOCKS
+        split_range = (row_ptr, blocks, list_ptr, split * split_len, split_len, vocab)
         if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
             total = _split_fixed_sum(*split_range, max_logit, inverse, kth, z1, p_min, True, SECOND, HAS_TOP_K,
-                                     BLOCK_V, MASS_BLOCK)
+                                     BLOCK_V, MASS_BLOCK, LIVE_BLOCKS)
         else:
             total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, False, SECOND,
-                                     HAS_TOP_K, BLOCK_V, MASS_BLOCK)
+                                     HAS_TOP_K, BLOCK_V, MASS_BLOCK, LIVE_BLOCKS)
         tl.store(part_sum_ptr + slot.to(tl.int64) * num_splits + split, total)
         j += step_programs
 
@@ -416,9 +420,9 @@ def mass_tile(BLOCK_V: tl.constexpr, MASS_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _split_fixed_sum(row_ptr, blocks_ptr, v_begin, split_len, vocab, max_logit, temperature, kth, z1, p_min,
-                     MULTIPLY: tl.constexpr, SECOND: tl.constexpr, HAS_TOP_K: tl.constexpr, BLOCK_V: tl.constexpr,
-                     MASS_BLOCK: tl.constexpr):
+def _split_fixed_sum(row_ptr, blocks_ptr, list_ptr, v_begin, split_len, vocab, max_logit, temperature, kth, z1,
+                     p_min, MULTIPLY: tl.constexpr, SECOND: tl.constexpr, HAS_TOP_K: tl.constexpr,
+                     BLOCK_V: tl.constexpr, MASS_BLOCK: tl.constexpr, LIVE_BLOCKS: tl.constexpr):
     """sum floor(w_v 2^40) over [v_begin, v_begin + split_len) (int64, exact); the sum of
     each MASS_BLOCK entries to ``blocks_ptr`` (the masses verify_sample.py draws from).
     MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse).
@@ -430,21 +434,48 @@ def _split_fixed_sum(row_ptr, blocks_ptr, v_begin, split_len, vocab, max_logit, 
     LANE_GROUPS, warps to WARP_GROUPS, registers to REPS.)"""
     block, entry = mass_tile(BLOCK_V, MASS_BLOCK)
     totals = tl.zeros(block.shape, tl.int64)
-    offset = 0
-    while offset < split_len:
-        v = v_begin + offset + entry
-        z = load_logits(row_ptr, v, v < vocab)  # -inf past the vocab: mass 0
-        # The second pass (top-p after top-k): no logit >= kth, every mass 0, no exp or division
-        # (-inf without top-k: never). Not the first: its fixed_exp is cheaper than the test
-        # (H100, B = 64, top-k 50: 76 -> 103 µs with it; bench/NOTES.md).
-        if HAS_TOP_K and SECOND:
-            blocks = tl.zeros(block.shape, tl.int64)
-            if tl.max(tl.max(tl.max(tl.max(z, axis=3), axis=2), axis=1), axis=0) >= kth:
-                blocks = block_masses(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, SECOND, HAS_TOP_K)
-        else:
+    if HAS_TOP_K and SECOND and LIVE_BLOCKS > 0:  # top-p after top-k: the blocks the first pass left nonzero
+        totals = _live_blocks_sum(row_ptr, blocks_ptr, list_ptr, v_begin, split_len, vocab, max_logit, temperature,
+                                  kth, z1, p_min, MULTIPLY, BLOCK_V, MASS_BLOCK, LIVE_BLOCKS)
+    else:
+        offset = 0
+        while offset < split_len:
+            v = v_begin + offset + entry
+            z = load_logits(row_ptr, v, v < vocab)  # -inf past the vocab: mass 0
             blocks = block_masses(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, SECOND, HAS_TOP_K)
-        first = v_begin + offset + block * MASS_BLOCK
-        tl.store(blocks_ptr + first // MASS_BLOCK, blocks, mask=first < vocab)
-        totals += blocks
-        offset += BLOCK_V
+            first = v_begin + offset + block * MASS_BLOCK
+            tl.store(blocks_ptr + first // MASS_BLOCK, blocks, mask=first < vocab)
+            totals += blocks
+            offset += BLOCK_V
     return tl.sum(tl.sum(totals, axis=1), axis=0)
+
+
+@triton.jit
+def _live_blocks_sum(row_ptr, blocks_ptr, list_ptr, v_begin, split_len, vocab, max_logit, temperature, kth, z1,
+                     p_min, MULTIPLY: tl.constexpr, BLOCK_V: tl.constexpr, MASS_BLOCK: tl.constexpr,
+                     LIVE_BLOCKS: tl.constexpr):
+    """_split_fixed_sum's second pass (top-p after top-k) over the split's live blocks only,
+    per mass block [LANE_GROUPS, WARP_GROUPS]. ``blocks_ptr`` holds the first pass's block
+    sums: an entry's second mass is its first one or 0 (floor(w 2^40), kept by top-p or
+    not), so a block the first pass summed to 0 stays 0 and is neither read nor written.
+    The live ones (about top_k a row, of cdiv(vocab, MASS_BLOCK)), listed by live_list in
+    the program's scratch ``list_ptr``, are gathered BLOCK_V / MASS_BLOCK at a time."""
+    block, entry = mass_tile(BLOCK_V, MASS_BLOCK)
+    within = entry - (block * MASS_BLOCK)[:, :, None, None]
+    GROUPS: tl.constexpr = BLOCK_V // MASS_BLOCK
+    first_block = v_begin // MASS_BLOCK
+    num_blocks = tl.cdiv(tl.minimum(split_len, vocab - v_begin), MASS_BLOCK)
+    count = live_list(blocks_ptr + first_block, num_blocks, list_ptr, LIVE_BLOCKS)
+    totals = tl.zeros(block.shape, tl.int64)
+    taken = 0
+    while taken < count:
+        listed = taken + block  # the tile's mass block b takes live block taken + b
+        valid = listed < count
+        picked = first_block + tl.load(list_ptr + listed, mask=valid, other=0)
+        v = picked[:, :, None, None] * MASS_BLOCK + within
+        z = load_logits(row_ptr, v, valid[:, :, None, None] & (v < vocab))
+        blocks = block_masses(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, True, True)
+        tl.store(blocks_ptr + picked, blocks, mask=valid)
+        totals += tl.where(valid, blocks, 0)
+        taken += GROUPS
+    return totals

@@ -22,9 +22,10 @@ stored mass becomes its A(hi)), so a column shrinks about 16x a round.
 Bytes: the row once per round until its split keeps (2 reads a search on 128k random
 logits, bench/search_rounds.py), then the kept keys (at most kept_rows * BLOCK_V int32).
 Top-p after top-k: only the logits >= kth weigh more than 0, and weight-0 keys add to no
-A(c). Its row passes skip every step without such a logit, and its round 0 keeps at once
-when top_k <= keep_limit (ties past k overflow a lane: read again), so it reads its rows
-once (bench/NOTES.md).
+A(c). Its row passes read only the blocks whose first normaliser's block sum is not 0 (a
+list a program, verify_search_counts.live_list; about top_k blocks a row), and its round 0
+keeps at once when top_k <= keep_limit (ties past k overflow a lane: read again), so it
+reads those blocks once (bench/NOTES.md).
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def split_population(state_ptr, agg_ptr, search_round, slot, num_slots, num_spli
     column = tl.arange(0, 2 * NUM_CANDIDATES)
     partial = tl.load(agg_ptr + (previous * num_splits + split) * AGG_COLUMNS + column,
                       mask=column < AGG_COLUMNS, other=0)
-    candidate = tl.minimum(tl.maximum(_candidates(previous_lo, previous_hi, column, search_round - 1, MODE), -2147483648), 2147483647)
+    candidate = _candidates(previous_lo, previous_hi, column, search_round - 1, MODE)
+    candidate = tl.minimum(tl.maximum(candidate, -2147483648), 2147483647)
     key = tl.where(column < NUM_CANDIDATES, candidate,
                    tl.where(column == FROM_LO_COLUMN, previous_lo - 1,
                             tl.where(column == ABOVE_HI_COLUMN, previous_hi, -(2 ** 40))))
@@ -242,6 +244,8 @@ def threshold_search_kernel(
     top_k_state_ptr,  # top-k search of the same shapes (read in TOP_P_MODE)
     top_k_agg_ptr,
     part_sum_ptr,  # [batch * width, num_splits] int64: z1 partials (read in TOP_P_MODE)
+    block_sum_ptr,  # [batch * width, cdiv(vocab, BLOCK_V)] int64: z1's block sums (read with LIVE_BLOCKS)
+    live_list_ptr,  # [batch * width, num_splits, LIVE_BLOCKS] int32: scratch, a list a program (LIVE_BLOCKS)
     target_ptr,  # [num_tokens, vocab]
     bonus_ptr,  # [batch, vocab]
     cu_ptr,  # [batch] int32
@@ -265,6 +269,7 @@ def threshold_search_kernel(
     SEED_COARSE: tl.constexpr = 0,  # the max pass's coarse maxima after the SEED_BINS (0: none)
     SEED_DENSITY: tl.constexpr = 1,  # the coarse ones seed k up to their count over this
     SEED_ROUNDS: tl.constexpr = 3,  # top_k_seed's steps (9: the k-th largest maximum itself)
+    LIVE_BLOCKS: tl.constexpr = 0,  # top-p after top-k: a power of two >= a split's blocks; only those z1 left nonzero
     PDL: tl.constexpr = False,
 ):
     chain_launch(PDL)
@@ -356,6 +361,9 @@ def threshold_search_kernel(
                 tl.store(meta_ptr, tl.max(stays, axis=0).to(tl.int64))
             else:
                 SKIPS: tl.constexpr = (MODE == TOP_P_MODE) and HAS_TOP_K
+                LIVE: tl.constexpr = LIVE_BLOCKS if SKIPS else 0
+                live_ptr = (block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, BLOCK_V),
+                            live_list_ptr + (slot.to(tl.int64) * num_splits + split) * LIVE_BLOCKS)
                 keep = False
                 if search_round > 0:
                     keep = split_population(state_ptr, agg_ptr, search_round, slot, num_slots, num_splits, split, lo,
@@ -382,7 +390,8 @@ def threshold_search_kernel(
                     counting_pass = keep == 0
                     if keep:
                         keeping = (candidate, lo32, hi32, keys_ptr, kept_rows, keep)
-                        sums = row_pass(*split_range, weighting, fresh, keeping, MODE, UNROLL, BLOCK_V, SKIPS, False)
+                        sums = row_pass(*split_range, weighting, fresh, keeping, live_ptr, MODE, UNROLL, BLOCK_V,
+                                        SKIPS, False, LIVE)
                         counts, from_lo, above_hi, totals, lane_count = sums
                         total = tl.sum(totals, axis=0)
                         most = tl.max(lane_count, axis=0)
@@ -395,13 +404,13 @@ def threshold_search_kernel(
                             counting_pass = True
                     if counting_pass:
                         sums = row_pass(*split_range, weighting, fresh,
-                                        (candidate, lo32, hi32, keys_ptr, kept_rows, False),
-                                        MODE, UNROLL, BLOCK_V, SKIPS, True)
+                                        (candidate, lo32, hi32, keys_ptr, kept_rows, False), live_ptr,
+                                        MODE, UNROLL, BLOCK_V, SKIPS, True, LIVE)
                         counts, from_lo, above_hi, totals, lane_count = sums
                         total = tl.sum(totals, axis=0)
                 else:
                     sums = row_pass(*split_range, weighting, fresh, (candidate, lo32, hi32, keys_ptr, kept_rows, keep),
-                                    MODE, UNROLL, BLOCK_V, SKIPS, True)
+                                    live_ptr, MODE, UNROLL, BLOCK_V, SKIPS, True, LIVE)
                     counts, from_lo, above_hi, totals, lane_count = sums
                     total = tl.sum(totals, axis=0)
                     if keep:

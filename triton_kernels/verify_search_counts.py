@@ -61,6 +61,46 @@ def load_step(row_ptr, first, end, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def live_list(sums_ptr, num_blocks, list_ptr, LIVE_BLOCKS: tl.constexpr):
+    """The indices (ascending) of the first ``num_blocks`` block sums at ``sums_ptr`` that
+    are not 0, stored compactly at ``list_ptr`` (the program's own LIVE_BLOCKS entries) and
+    visible to the whole program; returns their number. One load of every sum at once, a
+    scan and a scatter: no chain of loads a block."""
+    index = tl.arange(0, LIVE_BLOCKS)
+    live = tl.load(sums_ptr + index, mask=index < num_blocks, other=0) != 0
+    rank = tl.cumsum(live.to(tl.int32), axis=0) - 1
+    tl.store(list_ptr + rank, index, mask=live)
+    tl.debug_barrier()  # the list visible to the whole program
+    return tl.sum(live.to(tl.int32), axis=0)
+
+
+@triton.jit
+def load_listed(row_ptr, list_ptr, listed, count, first_block, lane, end, BLOCK_V: tl.constexpr):
+    """Block ``listed`` of a live list (of ``count``): its logits at the lanes, and where they
+    lie inside (nowhere past the list: -inf, weight 0)."""
+    block = tl.load(list_ptr + listed, mask=listed < count, other=-1)
+    v = (first_block + block) * BLOCK_V + lane
+    inside = (block >= 0) & (v < end)
+    return load_logits(row_ptr, v, inside), inside
+
+
+@triton.jit
+def load_listed_step(row_ptr, list_ptr, listed, count, first_block, lane, end, UNROLL: tl.constexpr,
+                     BLOCK_V: tl.constexpr):
+    """load_step over the UNROLL live blocks from entry ``listed`` of a live list."""
+    z0, in0 = load_listed(row_ptr, list_ptr, listed, count, first_block, lane, end, BLOCK_V)
+    z1, in1 = z0, in0
+    z2, in2 = z0, in0
+    z3, in3 = z0, in0
+    if UNROLL > 1:
+        z1, in1 = load_listed(row_ptr, list_ptr, listed + 1, count, first_block, lane, end, BLOCK_V)
+    if UNROLL > 2:
+        z2, in2 = load_listed(row_ptr, list_ptr, listed + 2, count, first_block, lane, end, BLOCK_V)
+        z3, in3 = load_listed(row_ptr, list_ptr, listed + 3, count, first_block, lane, end, BLOCK_V)
+    return z0, in0, z1, in1, z2, in2, z3, in3
+
+
+@triton.jit
 def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above_hi, totals,
               lane_count, candidate, lo32, hi32, keys_ptr, kept_rows, keep, MODE: tl.constexpr,
               BLOCK_V: tl.constexpr, COUNTS: tl.constexpr):
@@ -117,19 +157,34 @@ def add_step(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.con
 
 
 @triton.jit
-def row_pass(row_ptr, v_begin, end, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr,
-             BLOCK_V: tl.constexpr, SKIPS: tl.constexpr, COUNTS: tl.constexpr):
+def row_pass(row_ptr, v_begin, end, weighting, sums, counting, live, MODE: tl.constexpr, UNROLL: tl.constexpr,
+             BLOCK_V: tl.constexpr, SKIPS: tl.constexpr, COUNTS: tl.constexpr, LIVE_BLOCKS: tl.constexpr = 0):
     """A split's entries [v_begin, end) added into ``sums``, UNROLL blocks a step, their
     loads issued first (more bytes in flight a thread), and the next step's loads before
-    this step's counts."""
+    this step's counts. LIVE_BLOCKS (with SKIPS, top-p after top-k): ``live`` = (the first
+    normaliser's block sums of the row, a sum a BLOCK_V entries; a scratch list of
+    LIVE_BLOCKS): only the blocks whose sum is not 0 are read (live_list), UNROLL at a time.
+    A block summed to 0 weighs 0 here too: each entry's floor(p 2^32) <= floor(w 2^40) = 0."""
     lane = tl.arange(0, BLOCK_V)
-    offset = v_begin
-    step = load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
-    while offset < end:
-        this_step = step
-        step = load_step(row_ptr, offset + UNROLL * BLOCK_V + lane, end, UNROLL, BLOCK_V)
-        sums = add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS, COUNTS)
-        offset += UNROLL * BLOCK_V
+    if LIVE_BLOCKS > 0:
+        sums_ptr, list_ptr = live
+        first_block = v_begin // BLOCK_V
+        count = live_list(sums_ptr + first_block, tl.cdiv(end - v_begin, BLOCK_V), list_ptr, LIVE_BLOCKS)
+        listed = 0
+        step = load_listed_step(row_ptr, list_ptr, listed, count, first_block, lane, end, UNROLL, BLOCK_V)
+        while listed < count:
+            this_step = step
+            listed += UNROLL
+            step = load_listed_step(row_ptr, list_ptr, listed, count, first_block, lane, end, UNROLL, BLOCK_V)
+            sums = add_blocks(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS)
+    else:
+        offset = v_begin
+        step = load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
+        while offset < end:
+            this_step = step
+            step = load_step(row_ptr, offset + UNROLL * BLOCK_V + lane, end, UNROLL, BLOCK_V)
+            sums = add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS, COUNTS)
+            offset += UNROLL * BLOCK_V
     return sums
 
 
