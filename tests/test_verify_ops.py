@@ -299,6 +299,26 @@ def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("finish,finish_keys", [(True, 64), (True, 4), (False, 64)],
+                         ids=["finished", "too-many-keys", "rounds"])
+def test_triton_top_p_after_top_k_finished_from_kept_keys(device, backend, finish, finish_keys, monkeypatch):
+    """Top-p after top-k: the threshold taken in one launch from round 0's kept keys
+    (verify_search_finish.py), the rounds skipped where a slot kept more keys than the
+    finish takes (k = 5 past a limit of 4; k = 1 within it) or with the finish off: the
+    reference's tokens, counts and log-probabilities every way. Rows of 300 in five
+    programs of 64-entry blocks; k of 1 and 5 with top-p 0.9 and 0.5, one request top-p
+    alone (no finish)."""
+    from specops.triton_kernels import verify as triton_verify
+
+    for name, value in (("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 16),
+                        ("TOP_P_FINISH", finish), ("TOP_P_FINISH_KEYS", finish_keys)):
+        monkeypatch.setattr(triton_verify, name, value)
+    inputs = threshold_inputs(300)
+    inputs["top_k"][2] = 0  # request 2 (dense keys, top-p 1.0): no filter
+    assert_matches_reference(inputs, 3, device, backend)
+
+
+@pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
 @pytest.mark.parametrize("seed_values,coarse_values,seed_rounds,kept_rows,programs_per_sm",
                          [(2048, 512, 9, 16, 64), (2048, 128, 9, 16, 64), (2048, 512, 3, 16, 64), (8, 512, 9, 16, 64),
                           (2048, 512, 9, 1, 16), (0, 512, 9, 16, 64)],

@@ -26,7 +26,9 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
    (always a range, usually one step) in turn; with top-k, top-p or log-probabilities
    (every step marked) grid (width * B * S,), a step each;
 5. top-p search and normaliser z2 (only with top_p given): 8 rounds + 1, top-p rows;
-   after top-k both read only the blocks whose z1 block sum is not 0 (about top_k a row);
+   after top-k both read only the blocks whose z1 block sum is not 0 (about top_k a row),
+   and for top_k <= TOP_P_FINISH_KEYS one launch after round 0 finds the threshold from
+   the keys round 0 kept (verify_search_finish.py): the later rounds exit at once;
 6. decisions, grid (B,): the remaining acceptance tests, exactly, from the screen's stop
    (or the first step whose verdict is not a pass);
    a bonus row or n-gram rejection draws its token here, by inversion over the normaliser's
@@ -71,6 +73,7 @@ from .verify_search import (
     TOP_P_ROUNDS,
     threshold_search_kernel,
 )
+from .verify_search_finish import top_p_finish_kernel
 from .verify_slots import PACKED_MAX_SPLITS
 from .verify_unscreened import packed_departures, row_counters, row_max_sum_kernel
 
@@ -126,6 +129,10 @@ SEED_ROUNDS = 3  # 16-ary steps over those maxima: near the max, then two evenly
 # seed's steps cost more than the pass they spare (H200: B=1, 63 splits, top-k 50 + top-p
 # 160.3 -> 163.2 µs seeded; B=16, 7 splits, 370.8 -> 321.4; bench/NOTES.md).
 SEED_MAX_SPLITS = 16
+# Top-p after top-k: finished in one launch from round 0's kept keys (verify_search_finish.py)
+# where top_k and the keys a slot kept are at most TOP_P_FINISH_KEYS; False: every round runs.
+TOP_P_FINISH = True
+TOP_P_FINISH_KEYS = 64
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
 DECIDE_WARPS = 8
@@ -400,6 +407,13 @@ def verify(
                                           part_sum, block_sum, live_list, *rows, *params, num_tokens, vocab, width,
                                           split_len, search_round, *keeping, MODE=TOP_P_MODE,
                                           LIVE_BLOCKS=live_search_blocks, **search_flags)
+            if search_round == 0 and has_top_k and keep_limit >= 0 and bool(TOP_P_FINISH):
+                # Round 0 kept every key that weighs (about top_k a row): the threshold from them.
+                top_p_finish_kernel[(num_slots,)](
+                    *top_p_search, *kept, empty(num_slots, TOP_P_FINISH_KEYS, dtype=torch.int32),
+                    cu_num_draft_tokens, *params, num_tokens, vocab, width, num_splits, *keeping,
+                    BLOCK_V=search_block_v, BLOCK_S=block_s, FINISH_KEYS=TOP_P_FINISH_KEYS, num_warps=SEARCH_WARPS,
+                    **exact)
         fixed_sum_kernel[sum_grid](part_sum2, block_sum, *sums, part_sum, live_list, *rows, *params, *sum_sizes,
                                    SECOND=True, LIVE_BLOCKS=live_sum_blocks, **sum_flags)
 
