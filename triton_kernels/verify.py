@@ -50,7 +50,8 @@ verify_rows.py), one block of it per proposal and, at a rejection with draft pro
 proposal settled, once again with its draft-probs row for the residual masses. Greedy: each
 row once. With top-k/top-p: every row's normaliser, and per threshold the rows again for
 the rounds before a split keeps its interval's keys (2 of the 9 / 8 rounds on 128k random
-logits, bench/search_rounds.py under the interpreter).
+logits, bench/search_rounds.py under the interpreter); top-p after top-k and its normaliser
+read only the blocks z1 left nonzero (about top_k of them a row).
 """
 
 from __future__ import annotations
