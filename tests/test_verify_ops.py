@@ -348,6 +348,58 @@ def test_triton_top_k_search_seeded_from_the_max_pass(device, backend, seed_valu
     assert_matches_reference(threshold_inputs(300), 3, device, backend)
 
 
+def marked_inputs(seed):
+    """Five random requests (k of 3, 5, 8, 2 and 1, no top-p) over rows of 1024 whose 12
+    largest logits lie one a 64-entry block, each at its own lane group (lanes 0, 4, ...),
+    the rest far below: the k-th largest alone in its block, block 4m + (request + step) % 4
+    (each request's step 0, always emitted, at another of a step's four loads)."""
+    inputs = make_inputs([2, 3, 1, 2, 1], 1024, seed=seed, greedy_fraction=0.0)
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.cat([inputs["target_logits"], inputs["bonus_logits"]])
+    rows.copy_(torch.randn(rows.shape, generator=g) - 30.0)
+    ks = [3, 5, 8, 2, 1]
+    counts = torch.diff(inputs["cu_num_draft_tokens"].long(), prepend=torch.zeros(1, dtype=torch.long))
+    owner = torch.cat([torch.repeat_interleave(torch.arange(5), counts), torch.arange(5)])
+    step = torch.cat([torch.arange(int(c)) for c in counts] + [counts])
+    for r in range(rows.shape[0]):
+        k = ks[int(owner[r])]
+        blocks = torch.randperm(16, generator=g)
+        kth_block = 4 * int(torch.randint(0, 4, (1,), generator=g)) + int(owner[r] + step[r]) % 4
+        blocks = torch.cat([blocks[blocks != kth_block][:k - 1], torch.tensor([kth_block]),
+                            blocks[blocks != kth_block][k - 1:11]])
+        lanes = torch.randperm(16, generator=g)[:12] * 4
+        rows[r, blocks * 64 + lanes] = 5.0 - 0.5 * torch.arange(12.0)
+    inputs["target_logits"], inputs["bonus_logits"] = rows[:-5].clone(), rows[-5:].clone()
+    inputs["top_k"] = torch.tensor(ks, dtype=torch.int32)
+    inputs["top_p"] = None
+    return inputs
+
+
+@pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("marks,max_k", [(True, 512), (True, 4), (False, 512)],
+                         ids=["marked", "k-past-limit", "every-block"])
+def test_triton_first_normaliser_reads_the_marked_blocks(device, backend, marks, max_k, monkeypatch):
+    """With top-k, z1 reads only the blocks top-k's round 0 marked (a logit >= its low end,
+    here the k-th largest itself: seeded from lane-group maxima to the k-th largest), and
+    the others hold 0 (the draws' block masses). Rows of 1024 in four programs of four
+    64-entry blocks, so the block holding the k-th largest alone sits at each of a step's
+    four loads across the rows (a mark tested with > instead of >= drops it: z1 and the
+    log-probabilities move); k = 1 searches nothing (its interval one key at once: no marks,
+    z1 reads every block). Against the reference; with k of 5 and 8 past a limit of 4 (those
+    rows unmarked, read whole), and with the marks off; every buffer from torch.empty
+    zeroed, so a row z1 took as marked that round 0 did not mark would lose its mass."""
+    from specops.triton_kernels import verify as triton_verify
+
+    for name, value in (("BLOCK_V", 64), ("MIN_SPLIT_LEN", 256), ("PROGRAMS_PER_SM", 16), ("SEED_VALUES", 2048),
+                        ("SEED_COARSE_VALUES", 512), ("SEED_ROUNDS", 9), ("TOP_K_MARKS", marks),
+                        ("TOP_K_MARKS_MAX_K", max_k)):
+        monkeypatch.setattr(triton_verify, name, value)
+    real_empty = torch.empty  # buffers start as 0s: an unmarked block z1 read as marked would weigh nothing
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: real_empty(*args, **kwargs).zero_())
+    for seed in (41, 42):
+        assert_matches_reference(marked_inputs(seed), 3, device, backend)
+
+
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
 @pytest.mark.parametrize("poison", ["zeros", "large"])
 def test_triton_search_reads_only_what_it_wrote(device, backend, poison, monkeypatch):

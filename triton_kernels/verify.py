@@ -134,6 +134,11 @@ SEED_MAX_SPLITS = 16
 # where top_k and the keys a slot kept are at most TOP_P_FINISH_KEYS; False: every round runs.
 TOP_P_FINISH = True
 TOP_P_FINISH_KEYS = 64
+# Top-k: its round 0, where seeded and top_k <= TOP_K_MARKS_MAX_K, marks the blocks holding
+# a logit >= its interval's low end, and z1 reads only those (about top_k of V / 128 a
+# row); elsewhere, or False, z1 reads every block (k = 1000 of V = 128256 marks most).
+TOP_K_MARKS = True
+TOP_K_MARKS_MAX_K = 256
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
 DECIDE_WARPS = 8
@@ -318,15 +323,18 @@ def verify(
     else:  # never read or written without keeping: stand-ins of the right dtypes
         kept = (part_arg, part_arg, part_sum)
     keeping = (kept_rows, keep_limit)
-    # Top-p after top-k: its row passes and second normaliser read only the blocks the first
-    # normaliser left nonzero, listed a program at a time in one scratch buffer (the search's
-    # row passes where its blocks are the normaliser's).
-    live_search_blocks = live_sum_blocks = 0
+    # With top-k the normalisers read only live blocks, listed a program at a time in one
+    # scratch buffer: z1 those top-k's round 0 marked (where its blocks are the normaliser's),
+    # and top-p's row passes and z2 those z1 left nonzero (the search's row passes where its
+    # blocks are the normaliser's).
+    live_search_blocks = live_sum_blocks = mark_blocks = 0
     live_list = part_arg  # a stand-in, never read or written
-    if has_top_k and has_top_p:
+    if has_top_k and search_block_v == mass_block:
+        live_search_blocks = triton.next_power_of_2(triton.cdiv(split_len, search_block_v))
+    if TOP_K_MARKS and live_search_blocks and seed_bins and sum_split_len == split_len:
+        mark_blocks = live_search_blocks
+    if has_top_k and (has_top_p or mark_blocks):
         live_sum_blocks = triton.next_power_of_2(triton.cdiv(sum_split_len, mass_block))
-        if search_block_v == mass_block:
-            live_search_blocks = triton.next_power_of_2(triton.cdiv(split_len, search_block_v))
         live_list = empty(num_slots * max(num_splits * live_search_blocks, sum_splits * live_sum_blocks),
                           dtype=torch.int32)
     # Absent optional tensors: any tensor of the right dtype stands in (never read).
@@ -375,7 +383,8 @@ def verify(
                                       search_round, *keeping, MODE=TOP_K_MODE,
                                       SEED_BINS=seed_bins if search_round == 0 else 0, SEED_COARSE=seed_coarse,
                                       SEED_DENSITY=SEED_DENSITY, SEED_ROUNDS=SEED_ROUNDS,
-                                      **search_flags)
+                                      MARK_BLOCKS=mark_blocks if search_round == 0 else 0,
+                                      MARK_MAX_K=TOP_K_MARKS_MAX_K, **search_flags)
     # Written by the screen only (unscreened: never read, the output stands in).
     screen_launch = screened and not max_pass_tests
     marked = empty(batch, 2, dtype=torch.int32) if screen_launch else out
@@ -401,7 +410,8 @@ def verify(
                  **flags, **exact}
     if not one_launch:
         fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, live_list, *rows, *params, *sum_sizes,
-                                   SECOND=False, **sum_flags)
+                                   SECOND=False, LIVE_BLOCKS=live_sum_blocks if mark_blocks else 0,
+                                   MARK_MAX_K=TOP_K_MARKS_MAX_K, **sum_flags)
     if has_top_p:
         for search_round in range(TOP_P_ROUNDS.value):
             threshold_search_kernel[grid](*top_p_search, *kept, part_max, part_arg, part_bins, *top_k_search,

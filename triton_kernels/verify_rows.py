@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .ragged import draft_range
 from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, fixed_weights, load_logits, processed_weights
-from .verify_search import row_kth, row_p_min
+from .verify_search import marks_blocks, row_kth, row_p_min, top_k_initial
 from .verify_search_counts import live_list
 from .verify_slots import (PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, request_params,
                            row_fixed_sum, row_max_argmax, slot_row)
@@ -320,7 +320,8 @@ def fixed_sum_kernel(
     MARKED: tl.constexpr = True,  # False: no screen ran, every reachable step is summed (or VERDICTS)
     VERDICTS: tl.constexpr = False,  # (not MARKED) the steps the max pass's verdicts leave (row_max_kernel, TESTS)
     BLOCK_W: tl.constexpr = 8,  # (VERDICTS) a power of two >= width
-    LIVE_BLOCKS: tl.constexpr = 0,  # (SECOND with top-k) a power of two >= a split's mass blocks
+    LIVE_BLOCKS: tl.constexpr = 0,  # (with top-k) a power of two >= a split's mass blocks: only the live ones read
+    MARK_MAX_K: tl.constexpr = 0,  # (LIVE_BLOCKS, not SECOND) as top-k's round 0 (verify_search.marks_blocks)
     PDL: tl.constexpr = False,
 ):
     program = tl.program_id(0)
@@ -371,12 +372,20 @@ def fixed_sum_kernel(
                               BLOCK_S)
         blocks = block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, MASS_BLOCK)
         list_ptr = live_list_ptr + (slot.to(tl.int64) * num_splits + split) * LIVE_BLOCKS
+        # The live blocks: z1's, those top-k's round 0 marked (block_sum holds the marks,
+        # where it marked: verify_search.marks_blocks); z2's, those z1 left nonzero.
+        live = tl.full([], SECOND, tl.int1)
+        if HAS_TOP_K and (LIVE_BLOCKS > 0) and not SECOND:
+            lo = tl.load(top_k_state_ptr + slot.to(tl.int64) * 2)  # round 0's interval
+            hi = tl.load(top_k_state_ptr + slot.to(tl.int64) * 2 + 1)
+            unseeded, _max_key = top_k_initial(max_logit)
+            live = uses_top_k & marks_blocks(lo, hi, lo > unseeded, top_k, MARK_MAX_K)
         split_range = (row_ptr, blocks, list_ptr, split * split_len, split_len, vocab)
         if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
-            total = _split_fixed_sum(*split_range, max_logit, inverse, kth, z1, p_min, True, SECOND, HAS_TOP_K,
+            total = _split_fixed_sum(*split_range, max_logit, inverse, kth, z1, p_min, live, True, SECOND, HAS_TOP_K,
                                      BLOCK_V, MASS_BLOCK, LIVE_BLOCKS)
         else:
-            total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, False, SECOND,
+            total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, live, False, SECOND,
                                      HAS_TOP_K, BLOCK_V, MASS_BLOCK, LIVE_BLOCKS)
         tl.store(part_sum_ptr + slot.to(tl.int64) * num_splits + split, total)
         j += step_programs
@@ -421,11 +430,12 @@ def mass_tile(BLOCK_V: tl.constexpr, MASS_BLOCK: tl.constexpr):
 
 @triton.jit
 def _split_fixed_sum(row_ptr, blocks_ptr, list_ptr, v_begin, split_len, vocab, max_logit, temperature, kth, z1,
-                     p_min, MULTIPLY: tl.constexpr, SECOND: tl.constexpr, HAS_TOP_K: tl.constexpr,
+                     p_min, live, MULTIPLY: tl.constexpr, SECOND: tl.constexpr, HAS_TOP_K: tl.constexpr,
                      BLOCK_V: tl.constexpr, MASS_BLOCK: tl.constexpr, LIVE_BLOCKS: tl.constexpr):
     """sum floor(w_v 2^40) over [v_begin, v_begin + split_len) (int64, exact); the sum of
     each MASS_BLOCK entries to ``blocks_ptr`` (the masses verify_sample.py draws from).
-    MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse).
+    MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse). With top-k and
+    LIVE_BLOCKS: _live_blocks_sum (where ``live``, only the blocks ``blocks_ptr`` holds nonzero).
     The tile [LANE_GROUPS, WARP_GROUPS, REPS, SPAN] holds BLOCK_V entries so that each mass
     block lies in the registers of a few lanes of one warp (4 warps, 2048 entries, 128-entry
     blocks: 8 lanes of 16 entries; a warp's load covers 4 blocks, 128 contiguous bytes of
@@ -434,9 +444,9 @@ def _split_fixed_sum(row_ptr, blocks_ptr, list_ptr, v_begin, split_len, vocab, m
     LANE_GROUPS, warps to WARP_GROUPS, registers to REPS.)"""
     block, entry = mass_tile(BLOCK_V, MASS_BLOCK)
     totals = tl.zeros(block.shape, tl.int64)
-    if HAS_TOP_K and SECOND and LIVE_BLOCKS > 0:  # top-p after top-k: the blocks the first pass left nonzero
+    if HAS_TOP_K and LIVE_BLOCKS > 0:
         totals = _live_blocks_sum(row_ptr, blocks_ptr, list_ptr, v_begin, split_len, vocab, max_logit, temperature,
-                                  kth, z1, p_min, MULTIPLY, BLOCK_V, MASS_BLOCK, LIVE_BLOCKS)
+                                  kth, z1, p_min, live, MULTIPLY, SECOND, BLOCK_V, MASS_BLOCK, LIVE_BLOCKS)
     else:
         offset = 0
         while offset < split_len:
@@ -452,29 +462,35 @@ def _split_fixed_sum(row_ptr, blocks_ptr, list_ptr, v_begin, split_len, vocab, m
 
 @triton.jit
 def _live_blocks_sum(row_ptr, blocks_ptr, list_ptr, v_begin, split_len, vocab, max_logit, temperature, kth, z1,
-                     p_min, MULTIPLY: tl.constexpr, BLOCK_V: tl.constexpr, MASS_BLOCK: tl.constexpr,
-                     LIVE_BLOCKS: tl.constexpr):
-    """_split_fixed_sum's second pass (top-p after top-k) over the split's live blocks only,
-    per mass block [LANE_GROUPS, WARP_GROUPS]. ``blocks_ptr`` holds the first pass's block
-    sums: an entry's second mass is its first one or 0 (floor(w 2^40), kept by top-p or
-    not), so a block the first pass summed to 0 stays 0 and is neither read nor written.
-    The live ones (about top_k a row, of cdiv(vocab, MASS_BLOCK)), listed by live_list in
-    the program's scratch ``list_ptr``, are gathered BLOCK_V / MASS_BLOCK at a time."""
+                     p_min, live, MULTIPLY: tl.constexpr, SECOND: tl.constexpr, BLOCK_V: tl.constexpr,
+                     MASS_BLOCK: tl.constexpr, LIVE_BLOCKS: tl.constexpr):
+    """_split_fixed_sum with top-k, per mass block [LANE_GROUPS, WARP_GROUPS]: over every
+    block of the split in order where not ``live`` (one loop for both: a kernel holding a
+    second, streaming one ran it ~3% slower at B=64 top-k 1000, bench/NOTES.md), else over
+    its live blocks only; a block not live holds 0 already, and is neither read nor
+    written. The first pass: ``blocks_ptr`` holds top-k's round 0 marks (1: a logit >= its
+    lo, which every logit >= kth is; 0: every mass is 0). The second (top-p): the first
+    pass's block sums; an entry's second mass is its first one or 0 (floor(w 2^40), kept by
+    top-p or not), so a block the first pass summed to 0 stays 0. The live ones (about top_k
+    a row, of cdiv(vocab, MASS_BLOCK)), listed by live_list in the program's scratch
+    ``list_ptr``, are gathered BLOCK_V / MASS_BLOCK at a time."""
     block, entry = mass_tile(BLOCK_V, MASS_BLOCK)
     within = entry - (block * MASS_BLOCK)[:, :, None, None]
     GROUPS: tl.constexpr = BLOCK_V // MASS_BLOCK
     first_block = v_begin // MASS_BLOCK
     num_blocks = tl.cdiv(tl.minimum(split_len, vocab - v_begin), MASS_BLOCK)
-    count = live_list(blocks_ptr + first_block, num_blocks, list_ptr, LIVE_BLOCKS)
+    count = num_blocks
+    if live:
+        count = live_list(blocks_ptr + first_block, num_blocks, list_ptr, LIVE_BLOCKS)
     totals = tl.zeros(block.shape, tl.int64)
     taken = 0
     while taken < count:
         listed = taken + block  # the tile's mass block b takes live block taken + b
         valid = listed < count
-        picked = first_block + tl.load(list_ptr + listed, mask=valid, other=0)
+        picked = first_block + tl.where(live, tl.load(list_ptr + listed, mask=valid & (live != 0), other=0), listed)
         v = picked[:, :, None, None] * MASS_BLOCK + within
         z = load_logits(row_ptr, v, valid[:, :, None, None] & (v < vocab))
-        blocks = block_masses(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, True, True)
+        blocks = block_masses(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, SECOND, True)
         tl.store(blocks_ptr + picked, blocks, mask=valid)
         totals += tl.where(valid, blocks, 0)
         taken += GROUPS

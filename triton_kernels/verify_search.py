@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .verify_math import MASS_SCALE, TOP_P_SCALE, chain_launch, from_order_key, order_key
-from .verify_search_counts import TOP_K_MODE, TOP_P_MODE, add_kept, count_kept, row_pass
+from .verify_search_counts import TOP_K_MODE, TOP_P_MODE, add_kept, clear_marks, count_kept, row_pass
 from .verify_slots import request_params, row_fixed_sum, row_max_argmax, slot_row
 
 NUM_CANDIDATES = tl.constexpr(16)  # thresholds tested per search round
@@ -183,6 +183,15 @@ def top_k_seed(part_bins_ptr, slot, num_splits, top_k, max_logit, ROUNDS: tl.con
 
 
 @triton.jit
+def marks_blocks(lo, hi, seeded, top_k, MARK_MAX_K: tl.constexpr):
+    """Whether top-k's round 0, its interval [lo, hi], marks the blocks holding a logit >= lo
+    for z1 (which then reads those alone): where seeded (about top_k keys a row lie in it,
+    so few blocks are marked), top_k <= MARK_MAX_K, and something is left to count (its
+    row pass runs). Else z1 reads every block, unmarked."""
+    return (lo < hi) & seeded & (top_k <= MARK_MAX_K)
+
+
+@triton.jit
 def top_p_initial(top_p):
     """Top-p search interval over probability bits [0, bits(1.0)] and its bound factor
     max(1, floor(top_p 2^24))."""
@@ -270,20 +279,36 @@ def threshold_search_kernel(
     SEED_DENSITY: tl.constexpr = 1,  # the coarse ones seed k up to their count over this
     SEED_ROUNDS: tl.constexpr = 3,  # top_k_seed's steps (9: the k-th largest maximum itself)
     LIVE_BLOCKS: tl.constexpr = 0,  # top-p after top-k: a power of two >= a split's blocks; only those z1 left nonzero
+    MARK_BLOCKS: tl.constexpr = 0,  # top-k's round 0: a power of two >= a split's blocks; marks them for z1
+    MARK_MAX_K: tl.constexpr = 0,  # (MARK_BLOCKS) marked where top_k is at most this (marks_blocks)
     PDL: tl.constexpr = False,
 ):
-    chain_launch(PDL)
     slot = tl.program_id(0)
     split = tl.program_id(1)
     num_slots = tl.num_programs(0)
     num_splits = tl.num_programs(1)
     b = slot // width
     i = slot % width
+    # Before the wait (PDL): the op's own inputs only (verify_math.chain_launch).
     row_ptr, _start, count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
     temperature, uses_top_k, top_k, uses_top_p, top_p = request_params(
         b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)
-    uses = uses_top_k if MODE == TOP_K_MODE else uses_top_p
-    if (i <= count) & uses:
+    uses = (i <= count) & (uses_top_k if MODE == TOP_K_MODE else uses_top_p)
+    chain_launch(PDL)
+    # A search already at one key (lo == hi before this round: its last round narrowed to
+    # it, or top-p's finish stored it) stays there, and nothing is counted: split 0 copies
+    # the interval on, after one load (not the row statistics and partials the narrowing reads).
+    done = slot < 0
+    if search_round > 0:
+        previous = slot.to(tl.int64) + (search_round - 1) * num_slots
+        done_lo = tl.load(state_ptr + previous * 2)
+        done_hi = tl.load(state_ptr + previous * 2 + 1)
+        done = done_lo == done_hi
+        if uses & done & (split == 0):
+            here = slot.to(tl.int64) + search_round * num_slots
+            tl.store(state_ptr + here * 2, done_lo)
+            tl.store(state_ptr + here * 2 + 1, done_hi)
+    if uses & (done == 0):
         max_logit, _argmax = row_max_argmax(part_max_ptr, part_arg_ptr, slot, num_splits, BLOCK_S)
         kth = tl.full([], float("-inf"), tl.float32)
         z1 = tl.full([], 1.0, tl.float32)
@@ -308,6 +333,13 @@ def threshold_search_kernel(
         if split == 0:
             tl.store(state_ptr + here * 2, lo)
             tl.store(state_ptr + here * 2 + 1, hi)
+        marks_ptr = block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, BLOCK_V)
+        marks = (marks_ptr, tl.full([], float("inf"), tl.float32))  # nothing marked: no logit >= +inf
+        if MARK_BLOCKS > 0 and SEED_BINS > 0:  # top-k's round 0: the split's blocks holding a logit >= lo, for z1
+            if marks_blocks(lo, hi, seeded, top_k, MARK_MAX_K):
+                clear_marks(marks_ptr, split * split_len, tl.minimum(split * split_len + split_len, vocab), BLOCK_V,
+                            MARK_BLOCKS)
+                marks = (marks_ptr, from_order_key(lo))
         # An interval of one key is the threshold: nothing left to count (its partials are
         # never read: no candidate lies below hi).
         if lo < hi:
@@ -391,7 +423,7 @@ def threshold_search_kernel(
                     if keep:
                         keeping = (candidate, lo32, hi32, keys_ptr, kept_rows, keep)
                         sums = row_pass(*split_range, weighting, fresh, keeping, live_ptr, MODE, UNROLL, BLOCK_V,
-                                        SKIPS, False, LIVE)
+                                        SKIPS, False, LIVE, marks, MARK_BLOCKS > 0 and SEED_BINS > 0)
                         counts, from_lo, above_hi, totals, lane_count = sums
                         total = tl.sum(totals, axis=0)
                         most = tl.max(lane_count, axis=0)
@@ -405,7 +437,8 @@ def threshold_search_kernel(
                     if counting_pass:
                         sums = row_pass(*split_range, weighting, fresh,
                                         (candidate, lo32, hi32, keys_ptr, kept_rows, False), live_ptr,
-                                        MODE, UNROLL, BLOCK_V, SKIPS, True, LIVE)
+                                        MODE, UNROLL, BLOCK_V, SKIPS, True, LIVE, marks,
+                                        MARK_BLOCKS > 0 and SEED_BINS > 0)
                         counts, from_lo, above_hi, totals, lane_count = sums
                         total = tl.sum(totals, axis=0)
                 else:

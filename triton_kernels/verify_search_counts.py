@@ -75,6 +75,34 @@ def live_list(sums_ptr, num_blocks, list_ptr, LIVE_BLOCKS: tl.constexpr):
 
 
 @triton.jit
+def clear_marks(marks_ptr, v_begin, end, BLOCK_V: tl.constexpr, MARK_BLOCKS: tl.constexpr):
+    """Top-k's round 0, before its row pass: the split's block marks (a row's are z1's block
+    sums, BLOCK_V entries a block, overwritten by z1) set to 0, visible to the whole
+    program, whose row pass then sets to 1 each block holding a logit >= lo (mark_step)."""
+    index = tl.arange(0, MARK_BLOCKS)
+    tl.store(marks_ptr + v_begin // BLOCK_V + index, tl.zeros([MARK_BLOCKS], tl.int64),
+             mask=index < tl.cdiv(end - v_begin, BLOCK_V))
+    tl.debug_barrier()
+
+
+@triton.jit
+def mark_step(step, marks_ptr, lowest, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The marks (clear_marks) of a step's UNROLL blocks from ``marks_ptr``: 1 where a lane
+    holds a logit >= ``lowest`` (the float of top-k's lo: every logit >= kth is; +inf: no
+    marks), stored by those lanes only; z1 then reads the marked blocks alone (the others
+    weigh 0)."""
+    z0, in0, z1, in1, z2, in2, z3, in3 = step
+    same = tl.zeros([BLOCK_V], tl.int32)
+    one = tl.full([BLOCK_V], 1, tl.int64)
+    tl.store(marks_ptr + same, one, mask=in0 & (z0 >= lowest))
+    if UNROLL > 1:
+        tl.store(marks_ptr + 1 + same, one, mask=in1 & (z1 >= lowest))
+    if UNROLL > 2:
+        tl.store(marks_ptr + 2 + same, one, mask=in2 & (z2 >= lowest))
+        tl.store(marks_ptr + 3 + same, one, mask=in3 & (z3 >= lowest))
+
+
+@triton.jit
 def load_listed(row_ptr, list_ptr, listed, count, first_block, lane, end, BLOCK_V: tl.constexpr):
     """Block ``listed`` of a live list (of ``count``): its logits at the lanes, and where they
     lie inside (nowhere past the list: -inf, weight 0)."""
@@ -158,13 +186,15 @@ def add_step(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.con
 
 @triton.jit
 def row_pass(row_ptr, v_begin, end, weighting, sums, counting, live, MODE: tl.constexpr, UNROLL: tl.constexpr,
-             BLOCK_V: tl.constexpr, SKIPS: tl.constexpr, COUNTS: tl.constexpr, LIVE_BLOCKS: tl.constexpr = 0):
+             BLOCK_V: tl.constexpr, SKIPS: tl.constexpr, COUNTS: tl.constexpr, LIVE_BLOCKS: tl.constexpr = 0,
+             marks=None, MARKS: tl.constexpr = False):
     """A split's entries [v_begin, end) added into ``sums``, UNROLL blocks a step, their
     loads issued first (more bytes in flight a thread), and the next step's loads before
     this step's counts. LIVE_BLOCKS (with SKIPS, top-p after top-k): ``live`` = (the first
     normaliser's block sums of the row, a sum a BLOCK_V entries; a scratch list of
     LIVE_BLOCKS): only the blocks whose sum is not 0 are read (live_list), UNROLL at a time.
-    A block summed to 0 weighs 0 here too: each entry's floor(p 2^32) <= floor(w 2^40) = 0."""
+    A block summed to 0 weighs 0 here too: each entry's floor(p 2^32) <= floor(w 2^40) = 0.
+    MARKS (top-k's round 0): ``marks`` = (the row's block marks, the float of lo), mark_step's."""
     lane = tl.arange(0, BLOCK_V)
     if LIVE_BLOCKS > 0:
         sums_ptr, list_ptr = live
@@ -183,6 +213,8 @@ def row_pass(row_ptr, v_begin, end, weighting, sums, counting, live, MODE: tl.co
         while offset < end:
             this_step = step
             step = load_step(row_ptr, offset + UNROLL * BLOCK_V + lane, end, UNROLL, BLOCK_V)
+            if MARKS:
+                mark_step(this_step, marks[0] + offset // BLOCK_V, marks[1], UNROLL, BLOCK_V)
             sums = add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS, COUNTS)
             offset += UNROLL * BLOCK_V
     return sums
