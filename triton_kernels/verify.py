@@ -24,7 +24,8 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
 4. exact fixed-point normaliser z1, grid (B * S,): the marked steps of each request (or
    the steps the verdicts of 1 leave, marked the same way)
    (always a range, usually one step) in turn; with top-k, top-p or log-probabilities
-   (every step marked) grid (width * B * S,), a step each;
+   (every step marked) grid (width * B * S,), a step each; with top-k (seeded rows, top_k
+   <= TOP_K_MARKS_MAX_K) only the blocks top-k's round 0 marked (a logit >= its low end);
 5. top-p search and normaliser z2 (only with top_p given): 8 rounds + 1, top-p rows;
    after top-k both read only the blocks whose z1 block sum is not 0 (about top_k a row),
    and for top_k <= TOP_P_FINISH_KEYS one launch after round 0 finds the threshold from
@@ -48,7 +49,8 @@ Bytes, plain random requests: each reachable logit row once, plus, per request, 
 sampled row once more for its exact normaliser (which needs the row max first, see
 verify_rows.py), one block of it per proposal and, at a rejection with draft probs that no
 proposal settled, once again with its draft-probs row for the residual masses. Greedy: each
-row once. With top-k/top-p: every row's normaliser, and per threshold the rows again for
+row once. With top-k/top-p: every row's normaliser (after top-k, where marked, only about
+top_k blocks of it), and per threshold the rows again for
 the rounds before a split keeps its interval's keys (2 of the 9 / 8 rounds on 128k random
 logits, bench/search_rounds.py under the interpreter); top-p after top-k and its normaliser
 read only the blocks z1 left nonzero (about top_k of them a row).

@@ -295,6 +295,7 @@ def threshold_search_kernel(
         b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)
     uses = (i <= count) & (uses_top_k if MODE == TOP_K_MODE else uses_top_p)
     chain_launch(PDL)
+    MARKS: tl.constexpr = MARK_BLOCKS > 0 and SEED_BINS > 0  # top-k's round 0 marks blocks for z1
     # A search already at one key (lo == hi before this round: its last round narrowed to
     # it, or top-p's finish stored it) stays there, and nothing is counted: split 0 copies
     # the interval on, after one load (not the row statistics and partials the narrowing reads).
@@ -335,7 +336,7 @@ def threshold_search_kernel(
             tl.store(state_ptr + here * 2 + 1, hi)
         marks_ptr = block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, BLOCK_V)
         marks = (marks_ptr, tl.full([], float("inf"), tl.float32))  # nothing marked: no logit >= +inf
-        if MARK_BLOCKS > 0 and SEED_BINS > 0:  # top-k's round 0: the split's blocks holding a logit >= lo, for z1
+        if MARKS:  # the split's blocks holding a logit >= lo
             if marks_blocks(lo, hi, seeded, top_k, MARK_MAX_K):
                 clear_marks(marks_ptr, split * split_len, tl.minimum(split * split_len + split_len, vocab), BLOCK_V,
                             MARK_BLOCKS)
@@ -423,7 +424,7 @@ def threshold_search_kernel(
                     if keep:
                         keeping = (candidate, lo32, hi32, keys_ptr, kept_rows, keep)
                         sums = row_pass(*split_range, weighting, fresh, keeping, live_ptr, MODE, UNROLL, BLOCK_V,
-                                        SKIPS, False, LIVE, marks, MARK_BLOCKS > 0 and SEED_BINS > 0)
+                                        SKIPS, False, LIVE, marks, MARKS)
                         counts, from_lo, above_hi, totals, lane_count = sums
                         total = tl.sum(totals, axis=0)
                         most = tl.max(lane_count, axis=0)
@@ -437,8 +438,7 @@ def threshold_search_kernel(
                     if counting_pass:
                         sums = row_pass(*split_range, weighting, fresh,
                                         (candidate, lo32, hi32, keys_ptr, kept_rows, False), live_ptr,
-                                        MODE, UNROLL, BLOCK_V, SKIPS, True, LIVE, marks,
-                                        MARK_BLOCKS > 0 and SEED_BINS > 0)
+                                        MODE, UNROLL, BLOCK_V, SKIPS, True, LIVE, marks, MARKS)
                         counts, from_lo, above_hi, totals, lane_count = sums
                         total = tl.sum(totals, axis=0)
                 else:
