@@ -141,6 +141,15 @@ TOP_P_FINISH_KEYS = 64
 # row); elsewhere, or False, z1 reads every block (k = 1000 of V = 128256 marks most).
 TOP_K_MARKS = True
 TOP_K_MARKS_MAX_K = 256
+# The first normaliser's registers a thread with top-k (0: no cap). The marks' gather loop
+# took it from 96 to 121, 5 programs an SM to 4, and its unmarked rows (top_k past the
+# marks' limit) from 76.5 to 111.1 µs at B=64 (H100, 640 programs: one wave became 1.2;
+# bench/NOTES.md).
+TOP_K_SUM_MAX_REGISTERS = 96
+# The second normaliser's (top-p after top-k) registers a thread (0: no cap): uncapped it
+# takes 128 (4 programs an SM); capped, B=64 top-k 50 + top-p 0.9 318.8 -> 307.5 µs, at 64
+# 313.8 (H100). Without top-k it takes 80 uncapped.
+SECOND_SUM_MAX_REGISTERS = 96
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
 DECIDE_WARPS = 8
@@ -410,10 +419,11 @@ def verify(
     sum_flags = {"BLOCK_V": BLOCK_V, "MASS_BLOCK": mass_block, "MARKED": screen_launch,
                  "VERDICTS": max_pass_tests, "BLOCK_W": triton.next_power_of_2(width), "num_warps": SUM_WARPS,
                  **flags, **exact}
+    first_sum_registers = {"maxnreg": TOP_K_SUM_MAX_REGISTERS} if has_top_k and TOP_K_SUM_MAX_REGISTERS else {}
     if not one_launch:
         fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, live_list, *rows, *params, *sum_sizes,
                                    SECOND=False, LIVE_BLOCKS=live_sum_blocks if mark_blocks else 0,
-                                   MARK_MAX_K=TOP_K_MARKS_MAX_K, **sum_flags)
+                                   MARK_MAX_K=TOP_K_MARKS_MAX_K, **sum_flags, **first_sum_registers)
     if has_top_p:
         for search_round in range(TOP_P_ROUNDS.value):
             threshold_search_kernel[grid](*top_p_search, *kept, part_max, part_arg, part_bins, *top_k_search,
@@ -428,7 +438,8 @@ def verify(
                     BLOCK_V=search_block_v, BLOCK_S=block_s, FINISH_KEYS=TOP_P_FINISH_KEYS, num_warps=SEARCH_WARPS,
                     **exact)
         fixed_sum_kernel[sum_grid](part_sum2, block_sum, *sums, part_sum, live_list, *rows, *params, *sum_sizes,
-                                   SECOND=True, LIVE_BLOCKS=live_sum_blocks, **sum_flags)
+                                   SECOND=True, LIVE_BLOCKS=live_sum_blocks, **sum_flags,
+                                   **({"maxnreg": SECOND_SUM_MAX_REGISTERS} if has_top_k and SECOND_SUM_MAX_REGISTERS else {}))
 
     sample_float = empty(batch, SAMPLE_FLOATS.value, dtype=torch.float32)
     sample_int = empty(batch, SAMPLE_INTS.value, dtype=torch.int64)
