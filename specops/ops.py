@@ -32,18 +32,19 @@ NO_CUDA_KERNEL = (Backend.CUDA,)
 CUDA_VERIFY_MAX_VOCAB = 16 * 96 * 1024 // 4
 # Logits (target and bonus rows x vocab) from which an eager verify call runs the Triton
 # kernel by default: its GPU time, below the CUDA kernel's, then outweighs its host time
-# (~0.33-0.7 ms of launches, ~1-2 ms with top-k / top-p). bench/eager_crossover.py (H100,
-# 2026-11-26, k=4, V=128256, random; Mi = 2^20 logits; the backends in turn over 5 rounds
-# in one process, two processes), CUDA / Triton µs, first / second process: tokens only
-# 237 / 335, 362 at 78 Mi, 351 / 330, 711 at 98 Mi, 397 / 344, 563 at 127 Mi, 455 / 344,
-# 363 at 157 Mi; with log-probabilities 249 / 328, 399 at 39 Mi, 347-358 / 328, 344 at 59
-# Mi; with top-k 50 and top-p 0.9 775 / 1068, 1143 at 20 Mi, 1110 / 1019, 1208 at 29 Mi,
-# 1481 / 1017, 1945 at 39 Mi, 2122 / 1260, 1267 at 59 Mi. The CUDA kernel's time is its
-# GPU time, the same in both; the Triton call's host time doubled in the second process.
-# Each threshold sits where the CUDA time crosses the mean of the two Triton readings.
+# (~0.33-0.75 ms of launches, ~1-2.5 ms with top-k / top-p, varying 2x between processes
+# and between rounds of one). bench/eager_crossover.py (H100, k=4, V=128256, random; Mi =
+# 2^20 logits; the backends in turn over 5 rounds in one process; four processes, two on
+# 2026-11-26, two on 2026-11-27), CUDA µs / the Triton medians of the four: tokens only
+# 398 / 344, 563, 737, 730 at 127 Mi, 455 / 344, 363, 497, 748 at 157 Mi, 597 / 420 at
+# 196 Mi (the fourth only); with log-probabilities 338-358 / 328, 344, 789, 923 at 59 Mi,
+# 454-475 / 340, 482, 544, 410 at 78 Mi; with top-k 50 and top-p 0.9 1481 / 1017, 1945,
+# 2435, 2528 at 39 Mi, 2120 / 1260, 1267, 2402, 1387 at 59 Mi. The CUDA kernel's time is
+# its GPU time, the same in every process. Each threshold sits between the measured sizes
+# where the Triton call wins in most processes and where it loses in most.
 TRITON_EAGER_MIN_LOGITS = 128 << 20
-TRITON_EAGER_MIN_LOGITS_LOGPROBS = 56 << 20
-TRITON_EAGER_MIN_LOGITS_FILTERED = 32 << 20
+TRITON_EAGER_MIN_LOGITS_LOGPROBS = 64 << 20
+TRITON_EAGER_MIN_LOGITS_FILTERED = 48 << 20
 
 
 def triton_faster_eagerly(num_logits: int, filtered: bool, return_logprobs: bool = False) -> bool:
