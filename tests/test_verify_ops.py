@@ -431,23 +431,27 @@ def test_triton_search_reads_only_what_it_wrote(device, backend, poison, monkeyp
 def test_triton_top_k_seed_layout(monkeypatch):
     """The max pass stores SEED_VALUES lane-group maxima a row and SEED_COARSE_VALUES coarser
     ones, each a power of two a program that divides BLOCK_V (at least one, at most one a
-    lane; no coarse set as fine as the other), and none past SEED_MAX_SPLITS splits a row or
-    without SEED_VALUES."""
+    lane and one an entry of the split; no coarse set as fine as the other), and none past
+    SEED_MAX_SPLITS splits a row or without SEED_VALUES."""
     from specops.triton_kernels import verify as triton_verify
 
     monkeypatch.setattr(triton_verify, "SEED_VALUES", 2048)
     monkeypatch.setattr(triton_verify, "SEED_COARSE_VALUES", 512)
     monkeypatch.setattr(triton_verify, "SEED_MAX_SPLITS", 16)
     monkeypatch.setattr(triton_verify, "BLOCK_V", 2048)
-    assert [triton_verify.seed_bins_for(n, triton.next_power_of_2(n)) for n in (1, 2, 7, 16, 17, 63)] == [
+    assert [triton_verify.seed_bins_for(n, triton.next_power_of_2(n), 128256 // n) for n in (1, 2, 7, 16, 17, 63)] == [
         (2048, 512), (1024, 256), (256, 64), (128, 32), (0, 0), (0, 0)]
+    assert triton_verify.seed_bins_for(1, 1, 40) == (32, 0)  # no more maxima than logits
+    assert triton_verify.seed_bins_for(1, 1, 1000) == (512, 0)
+    assert triton_verify.seed_bins_for(1, 1, 1024) == (1024, 512)
     monkeypatch.setattr(triton_verify, "BLOCK_V", 64)
-    assert triton_verify.seed_bins_for(1, 1) == (64, 0)  # one lane a group at most: one set
-    assert triton_verify.seed_bins_for(16, 16) == (64, 32)
+    assert triton_verify.seed_bins_for(1, 1, 2048) == (64, 0)  # one lane a group at most: one set
+    assert triton_verify.seed_bins_for(16, 16, 2048) == (64, 32)
     monkeypatch.setattr(triton_verify, "SEED_VALUES", 8)
-    assert triton_verify.seed_bins_for(16, 16) == (1, 0)  # one group a program at least
+    assert triton_verify.seed_bins_for(16, 16, 2048) == (1, 0)  # one group a program at least
+    assert triton_verify.seed_bins_for(1, 1, 1) == (1, 0)
     monkeypatch.setattr(triton_verify, "SEED_VALUES", 0)
-    assert triton_verify.seed_bins_for(2, 2) == (0, 0)
+    assert triton_verify.seed_bins_for(2, 2, 2048) == (0, 0)
 
 
 def threshold_inputs(vocab):

@@ -224,15 +224,16 @@ def wave_split_len(num_rows: int, vocab: int, device: torch.device, resident: in
     return triton.cdiv(num_blocks, num_splits) * block
 
 
-def seed_bins_for(num_splits: int, block_s: int) -> tuple[int, int]:
+def seed_bins_for(num_splits: int, block_s: int, entries: int) -> tuple[int, int]:
     """(fine, coarse) lane-group maxima a max-pass program stores for top-k's seed
     (verify_search.top_k_seed): SEED_VALUES and SEED_COARSE_VALUES a row over ``block_s`` (a
-    power of two >= the splits), at most one a lane, at least one; coarse 0 where it would
-    be as fine (one set). (0, 0): no seed, without SEED_VALUES or past SEED_MAX_SPLITS
-    splits a row."""
+    power of two >= the splits), at most one a lane and no more than the split's ``entries``
+    (so the maxima never take more memory than the logits: 2^20 requests of 40 logits once
+    asked for 40 GiB of them), at least one; coarse 0 where it would be as fine (one set).
+    (0, 0): no seed, without SEED_VALUES or past SEED_MAX_SPLITS splits a row."""
     if SEED_VALUES <= 0 or num_splits > SEED_MAX_SPLITS:
         return 0, 0
-    fine = min(BLOCK_V, max(SEED_VALUES // block_s, 1))
+    fine = min(BLOCK_V, 1 << (max(entries, 1).bit_length() - 1), max(SEED_VALUES // block_s, 1))
     coarse = min(fine, max(SEED_COARSE_VALUES // block_s, 1))
     return fine, (coarse if coarse < fine else 0)
 
@@ -304,7 +305,7 @@ def verify(
         counters = row_counters(device, num_slots)  # None: none free of a fill in this graph
         max_pass_tests = counters is not None
     block_s = triton.next_power_of_2(max(num_splits, sum_splits))
-    seed_bins, seed_coarse = seed_bins_for(num_splits, block_s) if has_top_k else (0, 0)
+    seed_bins, seed_coarse = seed_bins_for(num_splits, block_s, min(split_len, vocab)) if has_top_k else (0, 0)
 
     def empty(*shape, dtype):
         return torch.empty(shape, dtype=dtype, device=device)
