@@ -426,7 +426,11 @@ def threshold_search_kernel(
                         sums = row_pass(*split_range, weighting, fresh, keeping, live_ptr, MODE, UNROLL, BLOCK_V,
                                         SKIPS, False, LIVE, marks, MARKS)
                         counts, from_lo, above_hi, totals, lane_count = sums
-                        total = tl.sum(totals, axis=0)
+                        if MODE == TOP_K_MODE:  # keys >= lo: those kept (every one counted) and those above hi
+                            from_lo = lane_count + above_hi
+                            total = (split_range[2] - split_range[1]).to(tl.int64)  # every entry weighs 1
+                        else:
+                            total = tl.sum(totals, axis=0)
                         most = tl.max(lane_count, axis=0)
                         if most <= kept_rows:
                             _store_kept_record(lanes_ptr, meta_ptr, lane_count, most, above_hi, total)

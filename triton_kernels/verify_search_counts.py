@@ -133,7 +133,10 @@ def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above
               lane_count, candidate, lo32, hi32, keys_ptr, kept_rows, keep, MODE: tl.constexpr,
               BLOCK_V: tl.constexpr, COUNTS: tl.constexpr):
     """A block's keys and weights added into the per-lane partials (the 16 candidates' only
-    with COUNTS), and, when ``keep``, the keys of [lo, hi] appended to their lanes' columns."""
+    with COUNTS), and, when ``keep``, the keys of [lo, hi] appended to their lanes' columns.
+    Top-k's keeping pass (not COUNTS) adds neither the keys >= lo nor the totals: its
+    caller takes them from the lanes' kept counts and the split's length."""
+    KEEPING_TOP_K: tl.constexpr = (MODE == TOP_K_MODE) and not COUNTS
     if MODE == TOP_K_MODE:
         key = order_key(z)
         weight = inside.to(tl.int32)
@@ -143,11 +146,15 @@ def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above
         weight = tl.where(inside, tl.floor(p * MASS_SCALE).to(tl.int64), 0)
     if COUNTS:
         counts += tl.where(key[None, :] > candidate[:, None], weight[None, :], 0)
-    from_lo += tl.where(key >= lo32, weight, 0)
+    if not KEEPING_TOP_K:
+        from_lo += tl.where(key >= lo32, weight, 0)
+        totals += weight.to(tl.int64)
     above_hi += tl.where(key > hi32, weight, 0)
-    totals += weight.to(tl.int64)
     if keep:
-        kept = inside & (weight > 0) & (key >= lo32) & (key <= hi32)  # weight 0 adds to no A(c)
+        if MODE == TOP_K_MODE:  # every entry inside weighs 1
+            kept = inside & (key >= lo32) & (key <= hi32)
+        else:
+            kept = inside & (weight > 0) & (key >= lo32) & (key <= hi32)  # weight 0 adds to no A(c)
         tl.store(keys_ptr + lane_count.to(tl.int64) * BLOCK_V, key, mask=kept & (lane_count < kept_rows))
         lane_count += kept.to(tl.int32)
     return counts, from_lo, above_hi, totals, lane_count
