@@ -421,6 +421,7 @@ def verify(
                  "VERDICTS": max_pass_tests, "BLOCK_W": triton.next_power_of_2(width), "num_warps": SUM_WARPS,
                  **flags, **exact}
     first_sum_registers = {"maxnreg": TOP_K_SUM_MAX_REGISTERS} if has_top_k and TOP_K_SUM_MAX_REGISTERS else {}
+    second_sum_registers = {"maxnreg": SECOND_SUM_MAX_REGISTERS} if has_top_k and SECOND_SUM_MAX_REGISTERS else {}
     if not one_launch:
         fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, live_list, *rows, *params, *sum_sizes,
                                    SECOND=False, LIVE_BLOCKS=live_sum_blocks if mark_blocks else 0,
@@ -439,8 +440,7 @@ def verify(
                     BLOCK_V=search_block_v, BLOCK_S=block_s, FINISH_KEYS=TOP_P_FINISH_KEYS, num_warps=SEARCH_WARPS,
                     **exact)
         fixed_sum_kernel[sum_grid](part_sum2, block_sum, *sums, part_sum, live_list, *rows, *params, *sum_sizes,
-                                   SECOND=True, LIVE_BLOCKS=live_sum_blocks, **sum_flags,
-                                   **({"maxnreg": SECOND_SUM_MAX_REGISTERS} if has_top_k and SECOND_SUM_MAX_REGISTERS else {}))
+                                   SECOND=True, LIVE_BLOCKS=live_sum_blocks, **sum_flags, **second_sum_registers)
 
     sample_float = empty(batch, SAMPLE_FLOATS.value, dtype=torch.float32)
     sample_int = empty(batch, SAMPLE_INTS.value, dtype=torch.int64)
