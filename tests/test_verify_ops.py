@@ -401,6 +401,34 @@ def test_triton_first_normaliser_reads_the_marked_blocks(device, backend, marks,
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
+def test_triton_normalisers_with_top_k_launch_capped(device, backend, monkeypatch):
+    """With top-k the launcher caps both normalisers' registers (TOP_K_SUM_MAX_REGISTERS,
+    SECOND_SUM_MAX_REGISTERS: 5 programs an SM, bench/NOTES.md); with top-p alone it caps
+    neither; the tokens match the reference either way."""
+    from specops.triton_kernels import verify as triton_verify
+
+    launches = []
+    kernel = triton_verify.fixed_sum_kernel
+
+    class Recorded:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((kwargs["SECOND"], kwargs.get("maxnreg")))
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(triton_verify, "fixed_sum_kernel", Recorded())
+    inputs = make_inputs([2, 3, 1], 300, seed=5, greedy_fraction=0.0)
+    inputs["top_k"] = torch.tensor([5, 40, 300], dtype=torch.int32)
+    assert_matches_reference(inputs, 3, device, backend)
+    assert launches == [(False, triton_verify.TOP_K_SUM_MAX_REGISTERS), (True, triton_verify.SECOND_SUM_MAX_REGISTERS)]
+    launches.clear()
+    inputs["top_k"] = None
+    assert_matches_reference(inputs, 3, device, backend)
+    assert launches == [(False, None), (True, None)]
+
+
+@pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
 @pytest.mark.parametrize("poison", ["zeros", "large"])
 def test_triton_search_reads_only_what_it_wrote(device, backend, poison, monkeypatch):
     """Every buffer the launcher takes from torch.empty starts as 0s, or as a large value

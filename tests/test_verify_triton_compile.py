@@ -11,6 +11,9 @@ the interpreter."""
 from __future__ import annotations
 
 import re
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 import triton
@@ -25,7 +28,7 @@ ROW_POINTERS = {"target_ptr": "*bf16", "bonus_ptr": "*bf16", "cu_ptr": "*i32", "
                 "out_ptr": "*i32", "num_accepted_ptr": "*i32", "marked_ptr": "*i32", "resume_ptr": "*i32",
                 "sample_int_ptr": "*i64", "arrivals_ptr": "*i32", "counters_ptr": "*i32", "verdict_ptr": "*i32",
                 "slot_total_ptr": "*i64", "packed_ptr": "*i64",
-                "kept_ptr": "*i32", "kept_lanes_ptr": "*i32", "kept_meta_ptr": "*i64"}
+                "kept_ptr": "*i32", "kept_lanes_ptr": "*i32", "kept_meta_ptr": "*i64", "live_list_ptr": "*i32"}
 INT_POINTER_SUFFIXES = ("state_ptr", "agg_ptr", "sum_ptr", "sum2_ptr", "mass_ptr")
 SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_round", "num_splits", "sum_splits",
            "batch", "kept_rows", "keep_limit"}
@@ -227,6 +230,34 @@ def test_max_pass_tests_leave_without_waiting():
     assert not re.search(r"\b(acquire|release|acq_rel)\b|membar|fence", ptx)
     plain = _ptx(verify_rows.row_max_kernel, {"ALL_GREEDY": False, "BLOCK_V": 2048}, **options)
     assert "atom." not in plain
+
+
+def _ptxas_usage(ptx: str) -> tuple[int, int]:
+    """(registers a thread, spilled bytes stored and loaded) ptxas reports for sm_90a."""
+    with tempfile.TemporaryDirectory() as folder:
+        source = Path(folder) / "kernel.ptx"
+        source.write_text(ptx)
+        log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", "--fmad=false", "--gpu-name=sm_90a", str(source),
+                              "-o", str(Path(folder) / "kernel.o")], capture_output=True, text=True, check=True).stderr
+    spilled = sum(int(b) for b in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
+    return int(re.search(r"Used (\d+) registers", log).group(1)), spilled
+
+
+@pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
+@pytest.mark.parametrize("second", [False, True], ids=["first", "second"])
+def test_normalisers_with_top_k_fit_their_register_cap(second):
+    """fixed_sum_kernel with top-k and its live blocks, as launched (verify.py, 4 warps):
+    past the cap uncapped (128 registers: 4 programs an SM), within it capped, and without a
+    spill (bench/NOTES.md: spilling there would cost more than the wave it saves)."""
+    from specops.triton_kernels import verify
+
+    cap = verify.SECOND_SUM_MAX_REGISTERS if second else verify.TOP_K_SUM_MAX_REGISTERS
+    constexprs = {"SECOND": second, "BLOCK_V": 2048, "LIVE_BLOCKS": 512, "MARK_MAX_K": verify.TOP_K_MARKS_MAX_K,
+                  "BLOCK_S": 16}
+    uncapped = _ptxas_usage(_ptx(verify_rows.fixed_sum_kernel, constexprs, num_warps=verify.SUM_WARPS))
+    capped = _ptxas_usage(_ptx(verify_rows.fixed_sum_kernel, constexprs, num_warps=verify.SUM_WARPS, maxnreg=cap))
+    assert uncapped[0] > cap, f"uncapped {uncapped[0]} registers: the cap no longer binds"
+    assert capped[0] <= cap and capped[1] == 0, f"capped: {capped[0]} registers, {capped[1]} bytes spilled"
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the compile tests above run in this process")
