@@ -283,7 +283,7 @@ def verify(
     # Unscreened: both row passes in one launch, a block a program, where a row's programs
     # can all run at once (verify_unscreened.py): fewer than the SMs on a GPU; one under the
     # interpreter, which runs programs in turn.
-    row_programs_at_once = multiprocessor_count(device, CPU_NUM_SMS) if device.type == "cuda" else 1
+    row_programs_at_once = multiprocessor_count(device, 1)
     counters = None
     if not screened and ONE_LAUNCH_UNSCREENED and triton.cdiv(vocab, BLOCK_V) <= row_programs_at_once:
         counters = row_counters(device, num_slots)  # None: none free of a fill in this graph
