@@ -248,7 +248,7 @@ def _ptxas_usage(ptx: str) -> tuple[int, int]:
 def test_normalisers_with_top_k_fit_their_register_cap(second):
     """fixed_sum_kernel with top-k and its live blocks, as launched (verify.py, 4 warps):
     past the cap uncapped (128 registers: 4 programs an SM), within it capped, and without a
-    spill (bench/NOTES.md: spilling there would cost more than the wave it saves)."""
+    spill (the cap was measured without one, bench/NOTES.md: a spill would be a new cost)."""
     from specops.triton_kernels import verify
 
     cap = verify.SECOND_SUM_MAX_REGISTERS if second else verify.TOP_K_SUM_MAX_REGISTERS
