@@ -13,20 +13,16 @@ no device time. A shape as in bench/ab_verify.py (B:k:V:mode, then topkN, toppF,
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
-import tempfile
 
 import torch
 import triton
 from ab_verify import shape_call
+from attention_resources import resources as kernel_resources
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from specops.triton_kernels import verify as launcher
 
-TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 KERNELS = ("row_max_kernel", "row_max_sum_kernel", "threshold_search_kernel", "screen_kernel", "fixed_sum_kernel",
            "top_p_finish_kernel", "decide_kernel", "residual_sample_kernel")
 OPTIONS = ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion", "launch_pdl")
@@ -99,15 +95,10 @@ def compile_launch(fn, args: tuple, kwargs: dict):
 
 
 def resources(compiled, programs: int, num_warps: int) -> dict:
-    """Registers, spilled (local) bytes, shared memory, programs an SM and waves."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        usage = subprocess.run([f"{TOOLS}/cuobjdump", "-res-usage", cubin.name], capture_output=True, text=True,
-                               check=True).stdout
-    registers = int(re.search(r"REG:(\d+)", usage).group(1))
-    local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
-    shared = compiled.metadata.shared
+    """Registers, spilled (local) bytes, shared memory (attention_resources.resources'
+    cuobjdump counts), programs an SM and waves."""
+    usage = kernel_resources(compiled)
+    registers, local, shared = usage["registers"], usage["local_bytes"], usage["shared_bytes"]
     threads = 32 * num_warps
     per_warp = (registers * 32 + 255) // 256 * 256  # registers are allocated 256 a warp
     resident = min(REGISTERS_PER_SM // (per_warp * num_warps), THREADS_PER_SM // threads, 32,
@@ -143,7 +134,8 @@ def main() -> None:
             label = f"{name.removesuffix('_kernel')}" + (f" ({flags})" if flags else "")
             print(f"| {label} | {programs} | {num_warps} | " + " | ".join(str(v) for v in report.values()) + " |",
                   flush=True)
-        repeated = [f"{name.removesuffix('_kernel')} x{count}" for (name, _f, _p), count in seen.items() if count > 1]
+        repeated = [f"{name.removesuffix('_kernel')}" + (f" ({flags})" if flags else "") + f" x{count}"
+                    for (name, flags, _programs), count in seen.items() if count > 1]
         if repeated:
             print("launched again with the same flags:", ", ".join(repeated))
 

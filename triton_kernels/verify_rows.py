@@ -465,10 +465,10 @@ def _live_blocks_sum(row_ptr, blocks_ptr, list_ptr, v_begin, split_len, vocab, m
                      p_min, live, MULTIPLY: tl.constexpr, SECOND: tl.constexpr, BLOCK_V: tl.constexpr,
                      MASS_BLOCK: tl.constexpr, LIVE_BLOCKS: tl.constexpr):
     """_split_fixed_sum with top-k, per mass block [LANE_GROUPS, WARP_GROUPS]: over every
-    block of the split in order where not ``live`` (one loop for both; a second, streaming
-    loop beside it measured no faster: such rows lose ~3% at B=64 top-k 1000 either way,
-    bench/NOTES.md), else over its live blocks only; a block not live holds 0 already, and is neither read nor
-    written. The first pass: ``blocks_ptr`` holds top-k's round 0 marks (1: a logit >= its
+    block of the split in order where not ``live`` (one loop for both: a second, streaming
+    loop beside it measured no faster; what such rows lost was the registers the gather
+    took, which the launcher caps: bench/NOTES.md), else over its live blocks only; a block
+    not live holds 0 already, and is neither read nor written. The first pass: ``blocks_ptr`` holds top-k's round 0 marks (1: a logit >= its
     lo, which every logit >= kth is; 0: every mass is 0). The second (top-p): the first
     pass's block sums; an entry's second mass is its first one or 0 (floor(w 2^40), kept by
     top-p or not), so a block the first pass summed to 0 stays 0. The live ones (about top_k
