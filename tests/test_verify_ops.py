@@ -401,31 +401,42 @@ def test_triton_first_normaliser_reads_the_marked_blocks(device, backend, marks,
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
-def test_triton_normalisers_with_top_k_launch_capped(device, backend, monkeypatch):
-    """With top-k the launcher caps both normalisers' registers (TOP_K_SUM_MAX_REGISTERS,
-    SECOND_SUM_MAX_REGISTERS: 5 programs an SM, bench/NOTES.md); with top-p alone it caps
-    neither; the tokens match the reference either way."""
+def test_triton_launches_with_top_k_capped(device, backend, monkeypatch):
+    """With top-k the launcher caps both normalisers' registers and top-p's search rounds'
+    (TOP_K_SUM_MAX_REGISTERS, SECOND_SUM_MAX_REGISTERS, TOP_P_SEARCH_MAX_REGISTERS: 5
+    programs an SM, bench/NOTES.md); with top-p alone none (its search lost capped); the
+    tokens match the reference either way."""
     from specops.triton_kernels import verify as triton_verify
 
     launches = []
-    kernel = triton_verify.fixed_sum_kernel
 
     class Recorded:
+        def __init__(self, kernel, name):
+            self.kernel, self.name = kernel, name
+
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                launches.append((kwargs["SECOND"], kwargs.get("maxnreg")))
-                return kernel[grid](*args, **kwargs)
+                if self.name == "sum":
+                    launches.append(("second" if kwargs["SECOND"] else "first", kwargs.get("maxnreg")))
+                elif kwargs["MODE"] == 1:  # top-p's rounds
+                    launches.append(("top-p search", kwargs.get("maxnreg")))
+                return self.kernel[grid](*args, **kwargs)
             return launch
 
-    monkeypatch.setattr(triton_verify, "fixed_sum_kernel", Recorded())
+    monkeypatch.setattr(triton_verify, "fixed_sum_kernel", Recorded(triton_verify.fixed_sum_kernel, "sum"))
+    monkeypatch.setattr(triton_verify, "threshold_search_kernel",
+                        Recorded(triton_verify.threshold_search_kernel, "search"))
     inputs = make_inputs([2, 3, 1], 300, seed=5, greedy_fraction=0.0)
     inputs["top_k"] = torch.tensor([5, 40, 300], dtype=torch.int32)
     assert_matches_reference(inputs, 3, device, backend)
-    assert launches == [(False, triton_verify.TOP_K_SUM_MAX_REGISTERS), (True, triton_verify.SECOND_SUM_MAX_REGISTERS)]
+    rounds = triton_verify.TOP_P_ROUNDS.value
+    assert launches == [("first", triton_verify.TOP_K_SUM_MAX_REGISTERS),
+                        *[("top-p search", triton_verify.TOP_P_SEARCH_MAX_REGISTERS)] * rounds,
+                        ("second", triton_verify.SECOND_SUM_MAX_REGISTERS)]
     launches.clear()
     inputs["top_k"] = None
     assert_matches_reference(inputs, 3, device, backend)
-    assert launches == [(False, None), (True, None)]
+    assert launches == [("first", None), *[("top-p search", None)] * rounds, ("second", None)]
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)

@@ -243,19 +243,33 @@ def _ptxas_usage(ptx: str) -> tuple[int, int]:
     return int(re.search(r"Used (\d+) registers", log).group(1)), spilled
 
 
-@pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
-@pytest.mark.parametrize("second", [False, True], ids=["first", "second"])
-def test_normalisers_with_top_k_fit_their_register_cap(second):
-    """fixed_sum_kernel with top-k and its live blocks, as launched (verify.py, 4 warps):
-    past the cap uncapped (128 registers: 4 programs an SM), within it capped, and without a
-    spill (the cap was measured without one, bench/NOTES.md: a spill would be a new cost)."""
+def _capped_launches():
+    """(name, kernel, constexprs, warps, cap) of each launch the launcher caps with top-k."""
     from specops.triton_kernels import verify
 
-    cap = verify.SECOND_SUM_MAX_REGISTERS if second else verify.TOP_K_SUM_MAX_REGISTERS
-    constexprs = {"SECOND": second, "BLOCK_V": 2048, "LIVE_BLOCKS": 512, "MARK_MAX_K": verify.TOP_K_MARKS_MAX_K,
-                  "BLOCK_S": 16}
-    uncapped = _ptxas_usage(_ptx(verify_rows.fixed_sum_kernel, constexprs, num_warps=verify.SUM_WARPS))
-    capped = _ptxas_usage(_ptx(verify_rows.fixed_sum_kernel, constexprs, num_warps=verify.SUM_WARPS, maxnreg=cap))
+    live = {"LIVE_BLOCKS": 512, "BLOCK_S": 16}
+    sums = {"BLOCK_V": 2048, "MARK_MAX_K": verify.TOP_K_MARKS_MAX_K, **live}
+    return {
+        "first": (verify_rows.fixed_sum_kernel, {"SECOND": False, **sums}, verify.SUM_WARPS,
+                  verify.TOP_K_SUM_MAX_REGISTERS),
+        "second": (verify_rows.fixed_sum_kernel, {"SECOND": True, **sums}, verify.SUM_WARPS,
+                   verify.SECOND_SUM_MAX_REGISTERS),
+        "top-p search": (verify_search.threshold_search_kernel,
+                         {"MODE": 1, "BLOCK_V": verify.SEARCH_BLOCK_V, "UNROLL": verify.SEARCH_UNROLL, **live},
+                         verify.SEARCH_WARPS, verify.TOP_P_SEARCH_MAX_REGISTERS),
+    }
+
+
+@pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
+@pytest.mark.parametrize("launch", ["first", "second", "top-p search"])
+def test_launches_with_top_k_fit_their_register_cap(launch):
+    """The normalisers and top-p's search rounds with top-k and live blocks, as launched
+    (verify.py, 4 warps): past the cap uncapped (114 to 128 registers: 4 programs an SM),
+    within it capped, and without a spill (each cap was measured without one,
+    bench/NOTES.md: a spill would be a new cost)."""
+    kernel, constexprs, warps, cap = _capped_launches()[launch]
+    uncapped = _ptxas_usage(_ptx(kernel, constexprs, num_warps=warps))
+    capped = _ptxas_usage(_ptx(kernel, constexprs, num_warps=warps, maxnreg=cap))
     assert uncapped[0] > cap, f"uncapped {uncapped[0]} registers: the cap no longer binds"
     assert capped[0] <= cap and capped[1] == 0, f"capped: {capped[0]} registers, {capped[1]} bytes spilled"
 

@@ -150,6 +150,12 @@ TOP_K_SUM_MAX_REGISTERS = 96
 # takes 128 (4 programs an SM); capped, B=64 top-k 50 + top-p 0.9 318.8 -> 307.5 µs, at 64
 # 313.8 (H100). Without top-k it takes 80 uncapped.
 SECOND_SUM_MAX_REGISTERS = 96
+# Top-p's search rounds' registers a thread after top-k (0: no cap): uncapped 114 (4 programs
+# an SM, 1.21 waves of 640 at B=64), capped 94 without a spill. H100: B=64 top-k 50 + top-p
+# 0.9 303.0 -> 287.3 µs, top-k 1000 + top-p 958.9 -> 753.5. Top-p alone stays uncapped (167
+# registers, 3 an SM): capped at 96 its full-row rounds lost 1293 -> 3271 µs at B=64, and at
+# 128 -> 1470 (bench/NOTES.md).
+TOP_P_SEARCH_MAX_REGISTERS = 96
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
 DECIDE_WARPS = 8
@@ -422,6 +428,7 @@ def verify(
                  **flags, **exact}
     first_sum_registers = {"maxnreg": TOP_K_SUM_MAX_REGISTERS} if has_top_k and TOP_K_SUM_MAX_REGISTERS else {}
     second_sum_registers = {"maxnreg": SECOND_SUM_MAX_REGISTERS} if has_top_k and SECOND_SUM_MAX_REGISTERS else {}
+    top_p_search_registers = {"maxnreg": TOP_P_SEARCH_MAX_REGISTERS} if has_top_k and TOP_P_SEARCH_MAX_REGISTERS else {}
     if not one_launch:
         fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, live_list, *rows, *params, *sum_sizes,
                                    SECOND=False, LIVE_BLOCKS=live_sum_blocks if mark_blocks else 0,
@@ -431,7 +438,7 @@ def verify(
             threshold_search_kernel[grid](*top_p_search, *kept, part_max, part_arg, part_bins, *top_k_search,
                                           part_sum, block_sum, live_list, *rows, *params, num_tokens, vocab, width,
                                           split_len, search_round, *keeping, MODE=TOP_P_MODE,
-                                          LIVE_BLOCKS=live_search_blocks, **search_flags)
+                                          LIVE_BLOCKS=live_search_blocks, **search_flags, **top_p_search_registers)
             if search_round == 0 and has_top_k and keep_limit >= 0 and bool(TOP_P_FINISH):
                 # Round 0 kept every key that weighs (about top_k a row): the threshold from them.
                 top_p_finish_kernel[(num_slots,)](
