@@ -6,6 +6,8 @@ of the CUDA kernel, CUDA-graph replay and the step's laws on a million copies.""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import triton
@@ -296,6 +298,42 @@ def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit
             monkeypatch.setattr(triton_verify, name, value)
     vocab = 300 if tiny else 2500 if device == "cpu" else 40000
     assert_matches_reference(threshold_inputs(vocab), 3, device, backend)
+
+
+def top_p_extremes(vocab):
+    """Rows whose top-p thresholds lie at the ends of the search's first interval
+    (verify_search.top_p_bounds), top-p alone: a flat row (every token kept at p = 1 / V), a
+    token of p 0.49 over a flat tail at top_p 0.5 (the whole tail kept: the threshold 1 / (2V),
+    4x the interval's low end), the max alone kept where the next token is almost as likely
+    (top_p 2^-24: the threshold the max's p, near the high end), top_p a step below 1 at temperature 10, and a sharp row at 0.05."""
+    inputs = make_inputs([1, 1, 1, 1, 1], vocab, seed=vocab, greedy_fraction=0.0, with_top=False)
+    g = torch.Generator().manual_seed(vocab + 1)
+    rows = torch.randn(5, vocab, generator=g) * 3
+    rows[0] = 0.0
+    rows[1] = 0.0
+    rows[1, 7] = math.log(0.49 * (vocab - 1) / 0.51)
+    rows[2, 3] = 30.0
+    rows[2, 4] = 30.0 - 2.0**-10  # p a hair below the max's: above any high bound 1% short
+    inputs["target_logits"] = rows
+    inputs["bonus_logits"] = rows.flip(1).clone()
+    inputs["temperature"] = torch.tensor([1.0, 1.0, 1.0, 10.0, 0.05])
+    inputs["top_p"] = torch.tensor([0.9, 0.5, 2.0**-24, 1.0 - 2.0**-24, 0.9])
+    return inputs
+
+
+@pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("tiny", [True, False], ids=["tiny-blocks", "default-blocks"])
+def test_triton_top_p_thresholds_at_its_bounds(device, backend, tiny, monkeypatch):
+    """Top-p's search starts from bounds on its threshold, not [0, bits(1.0)]: the rows of
+    top_p_extremes, whose thresholds lie near those bounds, get the reference's tokens,
+    counts and log-probabilities (a low bound 8x higher, or a high one 1% short, fails)."""
+    from specops.triton_kernels import verify as triton_verify
+
+    if tiny:  # rows of 300 in five programs of a 64-entry block each
+        for name, value in (("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 16)):
+            monkeypatch.setattr(triton_verify, name, value)
+    assert_matches_reference(top_p_extremes(300 if tiny else 2500 if device == "cpu" else 40000), 3, device,
+                             backend)
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)

@@ -200,6 +200,23 @@ def top_p_initial(top_p):
 
 
 @triton.jit
+def top_p_bounds(threshold, z1, vocab):
+    """Round 0's top-p interval: bits [lo, hi] that hold the threshold c* (the least key c
+    with A(c) 2^24 < threshold * total), about ten binades where [0, bits(1.0)] spans 127.
+    hi: every p = w / z1 with w = exp(<= 0) < 2 is at most rn(2 / z1), so A(hi) = 0 and c* <=
+    hi (bits(1.0) if z1 gives no such bound). lo: the keys below it weigh m = floor(p 2^32)
+    <= m_lo = floor((2^24 - threshold) 2^6 / vocab) each, at most vocab * m_lo together, so
+    A(lo - 1) 2^24 >= (total - vocab * m_lo) 2^24 >= threshold * total wherever total >= 2^30
+    (total >= 2^32 sum(p) - vocab, sum(p) >= 1 - 2^-23): no key below lo holds, c* >= lo.
+    bits(m_lo 2^-32) rounded to nearest, less 1: a float no greater than m_lo 2^-32."""
+    q = tl.math.div_rn(2.0, z1)
+    hi = tl.where((q > 0.0) & (q < 1.0), q.to(tl.int32, bitcast=True).to(tl.int64), 0x3F800000)
+    low_mass = ((16777216 - threshold) * 64) // vocab
+    lo = (low_mass.to(tl.float32) * 2.3283064365386963e-10).to(tl.int32, bitcast=True).to(tl.int64) - 1
+    return tl.minimum(tl.maximum(lo, 0), hi), hi
+
+
+@triton.jit
 def row_kth(state_ptr, agg_ptr, slot, num_slots, num_splits, uses_top_k, top_k, max_logit, BLOCK_S: tl.constexpr):
     """The top-k threshold of a slot once its search is done (-inf without top-k)."""
     kth = tl.full([], float("-inf"), tl.float32)
@@ -327,7 +344,8 @@ def threshold_search_kernel(
                 kth = row_kth(top_k_state_ptr, top_k_agg_ptr, slot, num_slots, num_splits, uses_top_k, top_k,
                               max_logit, BLOCK_S)
             z1 = row_fixed_sum(part_sum_ptr, slot, num_splits, BLOCK_S)
-            lo, hi, bound = top_p_initial(top_p)
+            _lo, _hi, bound = top_p_initial(top_p)
+            lo, hi = top_p_bounds(bound, z1, vocab)
         lo, hi = search_interval(state_ptr, agg_ptr, search_round, slot, num_slots, num_splits, lo, hi, bound,
                                  MODE, BLOCK_S)
         here = slot.to(tl.int64) + search_round * num_slots
