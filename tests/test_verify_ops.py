@@ -337,6 +337,23 @@ def test_triton_top_p_thresholds_at_its_bounds(device, backend, tiny, monkeypatc
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("kept_rows", [256, 1], ids=["keeps", "lanes-overflow"])
+def test_triton_top_p_alone_keeps_in_round_0(device, backend, kept_rows, monkeypatch):
+    """TOP_P_KEEP_FIRST (off by default, bench/NOTES.md): top-p alone keeps the keys of its
+    first interval (top_p_bounds) in round 0, or overflows a lane and reads the row again:
+    the reference's tokens, counts and log-probabilities either way."""
+    from specops.triton_kernels import verify as triton_verify
+
+    for name, value in (("TOP_P_KEEP_FIRST", 1), ("SEARCH_KEPT_ROWS", kept_rows), ("SEARCH_KEEP_LIMIT", 10**6),
+                        ("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 16)):
+        monkeypatch.setattr(triton_verify, name, value)
+    assert_matches_reference(top_p_extremes(300), 3, device, backend)
+    inputs = threshold_inputs(300)
+    inputs["top_k"] = None
+    assert_matches_reference(inputs, 3, device, backend)
+
+
+@pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
 @pytest.mark.parametrize("finish,finish_keys", [(True, 64), (True, 4), (False, 64)],
                          ids=["finished", "too-many-keys", "rounds"])
 def test_triton_top_p_after_top_k_finished_from_kept_keys(device, backend, finish, finish_keys, monkeypatch):

@@ -156,6 +156,12 @@ SECOND_SUM_MAX_REGISTERS = 96
 # registers, 3 an SM): capped at 96 its full-row rounds lost 1293 -> 3271 µs at B=64, and at
 # 128 -> 1470 (bench/NOTES.md).
 TOP_P_SEARCH_MAX_REGISTERS = 96
+# Top-p alone: round 0 keeps its interval's keys (verify_search.top_p_bounds; about a third
+# of a split's on the bench's rows), so one row pass instead of two. Measured with 256 kept
+# rows (SEARCH_KEPT_ROWS; 4x the buffer) and a keep limit of 16384: H100 B=64 top-p 0.9
+# 985 -> 858 µs, B=16 338 -> 287, top-p 0.5 968 -> 749; at 128 rows B=64 lanes overflow
+# (1015). Off (0) until its GPU tests have run with it on (bench/NOTES.md).
+TOP_P_KEEP_FIRST = 0
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
 DECIDE_WARPS = 8
@@ -438,7 +444,9 @@ def verify(
             threshold_search_kernel[grid](*top_p_search, *kept, part_max, part_arg, part_bins, *top_k_search,
                                           part_sum, block_sum, live_list, *rows, *params, num_tokens, vocab, width,
                                           split_len, search_round, *keeping, MODE=TOP_P_MODE,
-                                          LIVE_BLOCKS=live_search_blocks, **search_flags, **top_p_search_registers)
+                                          LIVE_BLOCKS=live_search_blocks,
+                                          KEEP_FIRST=bool(TOP_P_KEEP_FIRST) and not has_top_k and search_round == 0,
+                                          **search_flags, **top_p_search_registers)
             if search_round == 0 and has_top_k and keep_limit >= 0 and bool(TOP_P_FINISH):
                 # Round 0 kept every key that weighs (about top_k a row): the threshold from them.
                 top_p_finish_kernel[(num_slots,)](

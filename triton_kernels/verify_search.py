@@ -298,6 +298,7 @@ def threshold_search_kernel(
     LIVE_BLOCKS: tl.constexpr = 0,  # top-p after top-k: a power of two >= a split's blocks; only those z1 left nonzero
     MARK_BLOCKS: tl.constexpr = 0,  # top-k's round 0: a power of two >= a split's blocks; marks them for z1
     MARK_MAX_K: tl.constexpr = 0,  # (MARK_BLOCKS) marked where top_k is at most this (marks_blocks)
+    KEEP_FIRST: tl.constexpr = False,  # top-p alone: round 0 keeps its interval's keys
     PDL: tl.constexpr = False,
 ):
     slot = tl.program_id(0)
@@ -423,6 +424,8 @@ def threshold_search_kernel(
                     keep = uses_top_k & (top_k <= keep_limit) & (keep_limit >= 0)
                 elif SEED_BINS > 0:  # a seeded interval holds about k keys (more with ties: lanes overflow)
                     keep = seeded & (keep_limit >= 0)
+                elif KEEP_FIRST:  # top-p alone: top_p_bounds' interval, kept where the lanes hold it
+                    keep = keep_limit >= 0
                 fresh = (counts, from_lo, above_hi, tl.zeros([BLOCK_V], tl.int64), tl.zeros([BLOCK_V], tl.int32))
                 split_range = (row_ptr, split * split_len, tl.minimum(split * split_len + split_len, vocab))
                 weighting = (max_logit, temperature, kth, z1)
