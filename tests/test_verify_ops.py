@@ -340,15 +340,16 @@ def test_triton_top_p_thresholds_at_its_bounds(device, backend, tiny, monkeypatc
 @pytest.mark.parametrize("kept_rows", [256, 1], ids=["keeps", "lanes-overflow"])
 def test_triton_top_p_alone_keeps_in_round_0(device, backend, kept_rows, monkeypatch):
     """TOP_P_KEEP_FIRST (off by default, bench/NOTES.md): top-p alone keeps the keys of its
-    first interval (top_p_bounds) in round 0, or overflows a lane and reads the row again:
-    the reference's tokens, counts and log-probabilities either way."""
+    first interval (top_p_bounds) in round 0, in a buffer of TOP_P_KEPT_ROWS rows a lane, or
+    overflows a lane and reads the row again: the reference's tokens, counts and
+    log-probabilities either way."""
     from specops.triton_kernels import verify as triton_verify
 
-    for name, value in (("TOP_P_KEEP_FIRST", 1), ("SEARCH_KEPT_ROWS", kept_rows), ("SEARCH_KEEP_LIMIT", 10**6),
-                        ("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 16)):
+    for name, value in (("TOP_P_KEEP_FIRST", 1), ("TOP_P_KEPT_ROWS", kept_rows), ("TOP_P_KEEP_LIMIT", 10**6)):
         monkeypatch.setattr(triton_verify, name, value)
-    assert_matches_reference(top_p_extremes(300), 3, device, backend)
-    inputs = threshold_inputs(300)
+    vocab = 2500 if device == "cpu" else 40000  # splits whose lanes meet more entries than one row
+    assert_matches_reference(top_p_extremes(vocab), 3, device, backend)
+    inputs = threshold_inputs(vocab)
     inputs["top_k"] = None
     assert_matches_reference(inputs, 3, device, backend)
 
@@ -590,6 +591,7 @@ def test_triton_kept_keys_layout_is_bounded():
     assert triton_verify.kept_layout(640, 64128, 256) == (rows, limit)
     assert triton_verify.kept_layout(16, 2048, 256) == (8, limit)  # a lane meets 8 entries of a split
     assert triton_verify.kept_layout(4 << 20, 40, 256) == (0, -1)  # 2^20 requests, k = 3, V = 40
+    assert triton_verify.kept_layout(640, 64128, 256, 2 * rows, 2 * limit) == (2 * rows, 2 * limit)  # top-p's own
     programs = cap // (256 * 4 * 8)  # room for 8 rows each
     assert triton_verify.kept_layout(programs, 64128, 256) == (8, limit * 8 // rows)
     for programs in (1, 640, 10**4, 10**5, 10**6):

@@ -157,11 +157,14 @@ SECOND_SUM_MAX_REGISTERS = 96
 # 128 -> 1470 (bench/NOTES.md).
 TOP_P_SEARCH_MAX_REGISTERS = 96
 # Top-p alone: round 0 keeps its interval's keys (verify_search.top_p_bounds; about a third
-# of a split's on the bench's rows), so one row pass instead of two. Measured with 256 kept
-# rows (SEARCH_KEPT_ROWS; 4x the buffer) and a keep limit of 16384: H100 B=64 top-p 0.9
-# 985 -> 858 µs, B=16 338 -> 287, top-p 0.5 968 -> 749; at 128 rows B=64 lanes overflow
-# (1015). Off (0) until its GPU tests have run with it on (bench/NOTES.md).
+# of a split's on the bench's rows), so one row pass instead of two, into a buffer of its own
+# size: TOP_P_KEPT_ROWS rows a lane, TOP_P_KEEP_LIMIT keys a split in later rounds. With 256
+# and 16384: H100 B=64 top-p 0.9 985 -> 858 µs, B=16 338 -> 287, top-p 0.5 968 -> 749; at
+# 128 rows B=64's lanes overflow (1015). Off (0) until its GPU tests have run with it on
+# (bench/NOTES.md).
 TOP_P_KEEP_FIRST = 0
+TOP_P_KEPT_ROWS = 256
+TOP_P_KEEP_LIMIT = 16384
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
 DECIDE_WARPS = 8
@@ -211,13 +214,15 @@ def split_len_for(num_rows: int, vocab: int, device: torch.device) -> int:
     return triton.cdiv(num_blocks, num_splits) * BLOCK_V
 
 
-def kept_layout(num_programs: int, split_len: int, block: int) -> tuple[int, int]:
+def kept_layout(num_programs: int, split_len: int, block: int, wanted_rows: int | None = None,
+                wanted_limit: int | None = None) -> tuple[int, int]:
     """(rows, keep limit) of the search's kept keys for ``num_programs`` (slot, split)
-    programs: SEARCH_KEPT_ROWS rows of ``block`` int32, no more than a lane meets in its split,
-    fewer where SEARCH_KEPT_BYTES would be passed (the keep limit scaled with them); (0, -1)
-    where not one row fits or SEARCH_KEEP_LIMIT < 0: the searches read their rows every round."""
-    rows = min(SEARCH_KEPT_ROWS, triton.cdiv(split_len, block))
-    keep_limit = SEARCH_KEEP_LIMIT
+    programs: ``wanted_rows`` (SEARCH_KEPT_ROWS) rows of ``block`` int32, no more than a lane
+    meets in its split, fewer where SEARCH_KEPT_BYTES would be passed (the keep limit,
+    ``wanted_limit`` or SEARCH_KEEP_LIMIT, scaled with them); (0, -1) where not one row fits
+    or the limit is < 0: the searches read their rows every round."""
+    rows = min(SEARCH_KEPT_ROWS if wanted_rows is None else wanted_rows, triton.cdiv(split_len, block))
+    keep_limit = SEARCH_KEEP_LIMIT if wanted_limit is None else wanted_limit
     fitting = SEARCH_KEPT_BYTES // (max(num_programs, 1) * block * 4)
     if fitting < rows:
         keep_limit = keep_limit * fitting // rows
@@ -338,7 +343,9 @@ def verify(
     top_p_search = search_buffers(TOP_P_ROUNDS.value) if has_top_p else [part_sum, part_sum]
     # The kept keys, shared by the two searches (top-p's round 0 starts afresh).
     search_block_v = min(SEARCH_BLOCK_V, BLOCK_V)  # powers of two: divides every split
-    kept_rows, keep_limit = kept_layout(num_slots * num_splits, split_len, search_block_v)
+    keep_first = bool(TOP_P_KEEP_FIRST) and has_top_p and not has_top_k  # top-p alone keeps in round 0
+    kept_rows, keep_limit = kept_layout(num_slots * num_splits, split_len, search_block_v,
+                                        *((TOP_P_KEPT_ROWS, TOP_P_KEEP_LIMIT) if keep_first else ()))
     if (has_top_k or has_top_p) and keep_limit >= 0:
         num_kept = num_slots * num_splits
         kept = (empty(num_kept, kept_rows * search_block_v, dtype=torch.int32),
@@ -445,7 +452,7 @@ def verify(
                                           part_sum, block_sum, live_list, *rows, *params, num_tokens, vocab, width,
                                           split_len, search_round, *keeping, MODE=TOP_P_MODE,
                                           LIVE_BLOCKS=live_search_blocks,
-                                          KEEP_FIRST=bool(TOP_P_KEEP_FIRST) and not has_top_k and search_round == 0,
+                                          KEEP_FIRST=keep_first and search_round == 0,
                                           **search_flags, **top_p_search_registers)
             if search_round == 0 and has_top_k and keep_limit >= 0 and bool(TOP_P_FINISH):
                 # Round 0 kept every key that weighs (about top_k a row): the threshold from them.
