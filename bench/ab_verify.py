@@ -8,7 +8,8 @@ one process, alternating rounds of queued graph replays, outputs checked equal f
     python bench/ab_verify.py --variant SEARCH_UNROLL=2 --variant SEARCH_KEEP_LIMIT=-1   # sides in one process
 
 A shape is B:k:V:mode, then optional tags: topkN (every request top_k = N), toppF (every
-request top_p = F), logprobs (return the log-probabilities). Times are medians over rounds
+request top_p = F), tempF (every request at temperature F: flatter rows above 1; else 1,
+0 for greedy), logprobs (return the log-probabilities). Times are medians over rounds
 of each variant's median (common.time_us, queued), in µs; --profile adds the per-kernel
 split of each variant (profile_verify.call_kernel_times).
 """
@@ -56,6 +57,8 @@ def shape_call(shape: str, device: torch.device) -> tuple[str, tuple, bool]:
             args[6] = torch.full((int(B),), int(tag[4:]), dtype=torch.int32, device=device)
         elif tag.startswith("topp"):
             args[7] = torch.full((int(B),), float(tag[4:]), dtype=torch.float32, device=device)
+        elif tag.startswith("temp"):
+            args[5] = torch.full((int(B),), float(tag[4:]), dtype=torch.float32, device=device)
         elif tag == "logprobs":
             logprobs = True
         else:
