@@ -338,14 +338,17 @@ def test_triton_top_p_thresholds_at_its_bounds(device, backend, tiny, monkeypatc
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
 @pytest.mark.parametrize("kept_rows", [256, 1], ids=["keeps", "lanes-overflow"])
-def test_triton_top_p_alone_keeps_in_round_0(device, backend, kept_rows, monkeypatch):
+@pytest.mark.parametrize("keep_first", [1, 2], ids=["counting", "counts-after"])
+def test_triton_top_p_alone_keeps_in_round_0(device, backend, kept_rows, keep_first, monkeypatch):
     """TOP_P_KEEP_FIRST (off by default, bench/NOTES.md): top-p alone keeps the keys of its
-    first interval (top_p_bounds) in round 0, in a buffer of TOP_P_KEPT_ROWS rows a lane, or
-    overflows a lane and reads the row again: the reference's tokens, counts and
-    log-probabilities either way."""
+    first interval (top_p_bounds) in round 0, in a buffer of TOP_P_KEPT_ROWS rows a lane,
+    counting its candidates as it reads (1) or over the kept keys after (2), or overflows a
+    lane and reads the row again (counting): the reference's tokens, counts and
+    log-probabilities every way."""
     from specops.triton_kernels import verify as triton_verify
 
-    for name, value in (("TOP_P_KEEP_FIRST", 1), ("TOP_P_KEPT_ROWS", kept_rows), ("TOP_P_KEEP_LIMIT", 10**6)):
+    for name, value in (("TOP_P_KEEP_FIRST", keep_first), ("TOP_P_KEPT_ROWS", kept_rows),
+                        ("TOP_P_KEEP_LIMIT", 10**6)):
         monkeypatch.setattr(triton_verify, name, value)
     vocab = 2500 if device == "cpu" else 40000  # splits whose lanes meet more entries than one row
     assert_matches_reference(top_p_extremes(vocab), 3, device, backend)

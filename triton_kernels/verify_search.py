@@ -298,7 +298,7 @@ def threshold_search_kernel(
     LIVE_BLOCKS: tl.constexpr = 0,  # top-p after top-k: a power of two >= a split's blocks; only those z1 left nonzero
     MARK_BLOCKS: tl.constexpr = 0,  # top-k's round 0: a power of two >= a split's blocks; marks them for z1
     MARK_MAX_K: tl.constexpr = 0,  # (MARK_BLOCKS) marked where top_k is at most this (marks_blocks)
-    KEEP_FIRST: tl.constexpr = False,  # top-p alone: round 0 keeps its interval's keys
+    KEEP_FIRST: tl.constexpr = 0,  # top-p alone: round 0 keeps its interval's keys (1), counting them after (2)
     PDL: tl.constexpr = False,
 ):
     slot = tl.program_id(0)
@@ -439,7 +439,7 @@ def threshold_search_kernel(
                 # that overflowed voids them: the row is read again, counting. Top-p alone counts
                 # while keeping, in one pass (its bound on a split's keys is loose, so lanes
                 # overflow and recounts cost more than the counts: bench/NOTES.md).
-                DEFERS: tl.constexpr = (MODE == TOP_K_MODE) or SKIPS
+                DEFERS: tl.constexpr = (MODE == TOP_K_MODE) or SKIPS or (KEEP_FIRST == 2)
                 if DEFERS:
                     counting_pass = keep == 0
                     if keep:
