@@ -10,8 +10,8 @@ Rows, all from fp32 target logits (+ bonus logits), temperature 1 (greedy: 0):
   torch-eager        softmax, then the decomposed pipeline written in torch (bench_sampling).
   flashinfer         flashinfer.sampling.softmax + chain_speculative_sampling ("full").
   flashinfer-kern    chain_speculative_sampling alone, from ready probs ("kern").
-Filtered rows (FILTERED_SHAPES, mode "random+topk50+topp0.9"): every request with top-k
-then top-p; torch eager filters by topk and sort, FlashInfer by top_k_renorm_probs and
+Filtered rows (FILTERED_SHAPES, modes "random+topk50+topp0.9" and "random+topp0.9"): every
+request with top-k then top-p, or top-p alone; torch eager filters by topk and sort, FlashInfer by top_k_renorm_probs and
 top_p_renorm_probs, both after a softmax and before the same pipelines; the floor is the
 unfiltered one (a row can be filtered in the pass that reads it).
 Floor (ANCHORS.md): every target and bonus logit row read once, plus one residual row
@@ -61,10 +61,11 @@ FLASHINFER_FULL_ANCHOR_US = {
     (64, 8, 151936, "random"): 644, (64, 4, 32000, "random"): 93,
 }
 ANCHOR_LABEL = "FlashInfer full (ANCHORS.md, H100)"
-# (B, k, V, mode, top_k, top_p): every request filtered by top-k then top-p.
+# (B, k, V, mode, top_k, top_p): every request filtered by top-k then top-p (top-p alone
+# where top_k is None).
 FILTERED_SHAPES = [(64, 4, 128256, "random", 50, 0.9), (16, 4, 128256, "random", 50, 0.9),
-                   (1, 4, 128256, "random", 50, 0.9)]
-QUICK_FILTERED_SHAPES = [(8, 3, 5000, "random", 50, 0.9)]
+                   (1, 4, 128256, "random", 50, 0.9), (64, 4, 128256, "random", None, 0.9)]
+QUICK_FILTERED_SHAPES = [(8, 3, 5000, "random", 50, 0.9), (8, 3, 5000, "random", None, 0.9)]
 
 
 def verify_args(x, device, top_k: int | None = None, top_p: float | None = None) -> tuple:
@@ -91,23 +92,26 @@ def first_requests(args: tuple, count: int, k: int) -> tuple:
             first(top_k), first(top_p), first(seeds), first(positions), width)
 
 
-def filtered_probs(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """torch eager top-k then top-p (on the renormalised top-k probs) of each row, by sorting."""
-    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-    probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+def filtered_probs(logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+    """torch eager top-k (where given) then top-p (on the renormalised probs) of each row, by
+    sorting."""
+    if top_k:
+        logits = logits.masked_fill(logits < torch.topk(logits, top_k, dim=-1).values[:, -1:], float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
     outside = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p  # the mass before a token reaches top_p
     probs = probs.scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
     return probs / probs.sum(-1, keepdim=True)
 
 
-def flashinfer_filtered(flashinfer, top_k: int, top_p: float):
-    """FlashInfer's path from logits with top-k and top-p: softmax, top_k_renorm_probs,
-    top_p_renorm_probs, chain_speculative_sampling."""
+def flashinfer_filtered(flashinfer, top_k: int | None, top_p: float):
+    """FlashInfer's path from logits with top-k (where given) and top-p: softmax,
+    top_k_renorm_probs, top_p_renorm_probs, chain_speculative_sampling."""
     def run(x) -> torch.Tensor:
         B, k, V = x.shape
         probs = flashinfer.sampling.softmax(x.logits_with_bonus.view(-1, V))
-        probs = flashinfer.sampling.top_k_renorm_probs(probs, top_k)
+        if top_k:
+            probs = flashinfer.sampling.top_k_renorm_probs(probs, top_k)
         probs = flashinfer.sampling.top_p_renorm_probs(probs, top_p).view(B, k + 1, V)
         out, _, _ = flashinfer.sampling.chain_speculative_sampling(
             x.flashinfer_draft_probs, x.draft_token_ids.view(B, k), probs)
