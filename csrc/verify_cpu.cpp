@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <vector>
@@ -39,27 +40,40 @@ void normalise(const std::vector<float>& w, std::vector<float>& p) {
 
 int64_t fixed_mass(float x) { return static_cast<int64_t>(std::floor(x * kFixedScale)); }
 
-// Keep v when the mass of tokens strictly more probable than v is below top_p.
+// Keep v when the mass of tokens strictly more probable than v is below top_p: when
+// A(key(p_v)) 2^24 < threshold * total, A(c) the mass of the keys (float bits of p, in
+// [0, 2^30)) above c. A falls as c grows, so the kept tokens are those whose key is at
+// least c*, the least c that holds; c* is found 10 bits at a time from the top (three
+// passes of a 1024-bucket mass histogram), not by sorting the row.
 std::vector<bool> top_p_keep(const std::vector<float>& p, float top_p) {
   const size_t vocab = p.size();
+  std::vector<uint32_t> keys(vocab);
   std::vector<int64_t> mass(vocab);
   int64_t total = 0;
-  for (size_t v = 0; v < vocab; ++v) total += mass[v] = static_cast<int64_t>(std::floor(p[v] * kMassScale));
-  const int64_t threshold = std::max<int64_t>(1, static_cast<int64_t>(std::floor(top_p * kTopPScale)));
-  std::vector<int64_t> order(vocab);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
-  std::vector<bool> keep(vocab);
-  int64_t above = 0;  // mass strictly above the current group
-  for (size_t i = 0; i < vocab;) {
-    size_t j = i;
-    int64_t group = 0;
-    while (j < vocab && p[order[j]] == p[order[i]]) group += mass[order[j++]];
-    const bool kept = above * (int64_t{1} << 24) < threshold * total;
-    for (size_t g = i; g < j; ++g) keep[order[g]] = kept;
-    above += group;
-    i = j;
+  for (size_t v = 0; v < vocab; ++v) {
+    std::memcpy(&keys[v], &p[v], sizeof(float));
+    total += mass[v] = static_cast<int64_t>(std::floor(p[v] * kMassScale));
   }
+  const int64_t threshold = std::max<int64_t>(1, static_cast<int64_t>(std::floor(top_p * kTopPScale)));
+  const auto holds = [&](int64_t above) { return above * (int64_t{1} << 24) < threshold * total; };
+  uint32_t least = 1u << 30;  // nothing holds (total 0): keep none, as the reference
+  if (holds(0)) {
+    uint32_t prefix = 0;  // c*'s bits above the pass's
+    int64_t above = 0;    // the mass of the keys above the pass's range
+    for (int shift = 20; shift >= 0; shift -= 10) {
+      std::vector<int64_t> bucket_mass(1024, 0);
+      for (size_t v = 0; v < vocab; ++v) {
+        if ((keys[v] >> (shift + 10)) == (prefix >> (shift + 10))) bucket_mass[(keys[v] >> shift) & 1023] += mass[v];
+      }
+      // c* lies in the lowest bucket whose top key holds (A there: the buckets above it).
+      int digit = 1023;
+      while (digit > 0 && holds(above + bucket_mass[digit])) above += bucket_mass[digit--];
+      prefix |= static_cast<uint32_t>(digit) << shift;
+    }
+    least = prefix;
+  }
+  std::vector<bool> keep(vocab);
+  for (size_t v = 0; v < vocab; ++v) keep[v] = keys[v] >= least;
   return keep;
 }
 

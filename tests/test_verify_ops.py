@@ -313,7 +313,8 @@ def top_p_extremes(vocab):
     rows[1] = 0.0
     rows[1, 7] = math.log(0.49 * (vocab - 1) / 0.51)
     rows[2, 3] = 30.0
-    rows[2, 4] = 30.0 - 2.0**-10  # p a hair below the max's: above any high bound 1% short
+    rows[2, 4] = 30.0 - 2.0**-18  # p ~32 ulps below the max's: above any high bound 1% short
+    rows[2, 5] = 29.0  # both p then mid-binade (about 0.42): one 1024-key bucket of p's bits
     inputs["target_logits"] = rows
     inputs["bonus_logits"] = rows.flip(1).clone()
     inputs["temperature"] = torch.tensor([1.0, 1.0, 1.0, 10.0, 0.05])
@@ -581,6 +582,15 @@ def test_threshold_searches_match_reference(device, backend, vocab):
     kernel clusters of 1 to 16 CTAs (the radix selection's histograms summed across them):
     exactly the reference's tokens, counts and log-probabilities."""
     assert_matches_reference(threshold_inputs(vocab), 3, device, backend)
+
+
+@pytest.mark.parametrize("device,backend", THRESHOLD_BACKENDS)
+@pytest.mark.parametrize("vocab", [300, 40000])
+def test_top_p_extremes_match_reference(device, backend, vocab):
+    """top_p_extremes' rows (thresholds at 1 / V over ties, under a dominant token, at the max
+    alone, one step below 1): the C++ kernel's threshold, found 10 bits of p at a time, and
+    the CUDA kernel's keep exactly the reference's tokens."""
+    assert_matches_reference(top_p_extremes(vocab), 3, device, backend)
 
 
 def test_triton_kept_keys_layout_is_bounded():
