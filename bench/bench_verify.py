@@ -11,9 +11,10 @@ Rows, all from fp32 target logits (+ bonus logits), temperature 1 (greedy: 0):
   flashinfer         flashinfer.sampling.softmax + chain_speculative_sampling ("full").
   flashinfer-kern    chain_speculative_sampling alone, from ready probs ("kern").
 Filtered rows (FILTERED_SHAPES, modes "random+topk50+topp0.9" and "random+topp0.9"): every
-request with top-k then top-p, or top-p alone; torch eager filters by topk and sort, FlashInfer by top_k_renorm_probs and
-top_p_renorm_probs, both after a softmax and before the same pipelines; the floor is the
-unfiltered one (a row can be filtered in the pass that reads it).
+request with top-k then top-p, or top-p alone; torch eager filters by topk and sort,
+FlashInfer by top_k_renorm_probs and top_p_renorm_probs, both after a softmax and before
+the same pipelines; the floor is the unfiltered one (a row can be filtered in the pass that
+reads it).
 Floor (ANCHORS.md): every target and bonus logit row read once, plus one residual row
 pair per request (random: target and draft rows; n-gram: the target row; greedy: none):
 4 V (T + B + r B) bytes, r = 2 random, 1 n-gram, 0 greedy, over the copy bandwidth.

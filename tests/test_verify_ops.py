@@ -305,7 +305,8 @@ def top_p_extremes(vocab):
     (verify_search.top_p_bounds), top-p alone: a flat row (every token kept at p = 1 / V), a
     token of p 0.49 over a flat tail at top_p 0.5 (the whole tail kept: the threshold 1 / (2V),
     4x the interval's low end), the max alone kept where the next token is almost as likely
-    (top_p 2^-24: the threshold the max's p, near the high end), top_p a step below 1 at temperature 10, and a sharp row at 0.05."""
+    (top_p 2^-24: the threshold the max's p, near the high end), top_p a step below 1 at
+    temperature 10, and a sharp row at 0.05."""
     inputs = make_inputs([1, 1, 1, 1, 1], vocab, seed=vocab, greedy_fraction=0.0, with_top=False)
     g = torch.Generator().manual_seed(vocab + 1)
     rows = torch.randn(5, vocab, generator=g) * 3
