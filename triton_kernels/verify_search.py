@@ -192,11 +192,10 @@ def marks_blocks(lo, hi, seeded, top_k, MARK_MAX_K: tl.constexpr):
 
 
 @triton.jit
-def top_p_initial(top_p):
-    """Top-p search interval over probability bits [0, bits(1.0)] and its bound factor
-    max(1, floor(top_p 2^24))."""
-    threshold = tl.maximum(tl.floor(top_p * TOP_P_SCALE).to(tl.int64), 1)
-    return tl.zeros([], tl.int64), tl.zeros([], tl.int64) + 0x3F800000, threshold
+def top_p_threshold(top_p):
+    """Top-p's bound factor max(1, floor(top_p 2^24)): a key c holds where A(c) 2^24 is below
+    it times the total (its first interval: top_p_bounds)."""
+    return tl.maximum(tl.floor(top_p * TOP_P_SCALE).to(tl.int64), 1)
 
 
 @triton.jit
@@ -233,9 +232,9 @@ def row_p_min(state_ptr, agg_ptr, slot, num_slots, num_splits, uses_top_p, top_p
     """The top-p threshold of a slot once its search is done: keep p >= p_min (0 without)."""
     p_min = tl.zeros([], tl.float32)
     if uses_top_p:
-        lo, hi, threshold = top_p_initial(top_p)
-        lo, hi = search_interval(state_ptr, agg_ptr, TOP_P_ROUNDS, slot, num_slots, num_splits, lo, hi,
-                                 threshold, TOP_P_MODE, BLOCK_S)
+        unused = tl.zeros([], tl.int64)  # the first interval: read in round 0 only
+        lo, hi = search_interval(state_ptr, agg_ptr, TOP_P_ROUNDS, slot, num_slots, num_splits, unused, unused,
+                                 top_p_threshold(top_p), TOP_P_MODE, BLOCK_S)
         p_min = hi.to(tl.int32).to(tl.float32, bitcast=True)
     return p_min
 
@@ -345,7 +344,7 @@ def threshold_search_kernel(
                 kth = row_kth(top_k_state_ptr, top_k_agg_ptr, slot, num_slots, num_splits, uses_top_k, top_k,
                               max_logit, BLOCK_S)
             z1 = row_fixed_sum(part_sum_ptr, slot, num_splits, BLOCK_S)
-            _lo, _hi, bound = top_p_initial(top_p)
+            bound = top_p_threshold(top_p)
             lo, hi = top_p_bounds(bound, z1, vocab)
         lo, hi = search_interval(state_ptr, agg_ptr, search_round, slot, num_slots, num_splits, lo, hi, bound,
                                  MODE, BLOCK_S)
@@ -438,7 +437,8 @@ def threshold_search_kernel(
                 # key of [lo, hi] is kept, the others add to every candidate or to none), and a lane
                 # that overflowed voids them: the row is read again, counting. Top-p alone counts
                 # while keeping, in one pass (its bound on a split's keys is loose, so lanes
-                # overflow and recounts cost more than the counts: bench/NOTES.md).
+                # overflow and recounts cost more than the counts: bench/NOTES.md), except in a
+                # round 0 launched with KEEP_FIRST 2 (off by default, not yet measured).
                 DEFERS: tl.constexpr = (MODE == TOP_K_MODE) or SKIPS or (KEEP_FIRST == 2)
                 if DEFERS:
                     counting_pass = keep == 0

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .ragged import draft_range
 from .verify_math import chain_launch
-from .verify_search import AGG_COLUMNS, META_COLUMNS, TOTAL_COLUMN, top_p_initial
+from .verify_search import AGG_COLUMNS, META_COLUMNS, TOTAL_COLUMN, top_p_threshold
 from .verify_search_counts import TOP_P_MODE, kept_weight
 from .verify_slots import request_params
 
@@ -52,7 +52,7 @@ def _gather_kept(kept_ptr, kept_lanes_ptr, kept_meta_ptr, keys_ptr, slot, num_sp
 @triton.jit
 def _least_holding_key(keys_ptr, count, bound):
     """The least of the ``count`` keys at ``keys_ptr`` whose A(key) 2^24 is below ``bound``,
-    or bits(1.0) where none is (top_p_initial's hi), as int64."""
+    or bits(1.0) where none is (no p exceeds 1.0), as int64."""
     best = tl.zeros([], tl.int64) + 0x3F800000
     c = 0
     while c < count:
@@ -123,7 +123,6 @@ def top_p_finish_kernel(
             if kept <= FINISH_KEYS:
                 tl.debug_barrier()  # the packed keys visible to the whole program
                 totals = tl.load(agg_ptr + this * AGG_COLUMNS + TOTAL_COLUMN, mask=s < num_splits, other=0)
-                _lo, _hi, threshold = top_p_initial(top_p)
-                least = _least_holding_key(keys_row, kept, threshold * tl.sum(totals, axis=0))
+                least = _least_holding_key(keys_row, kept, top_p_threshold(top_p) * tl.sum(totals, axis=0))
                 tl.store(state_ptr + slot.to(tl.int64) * 2, least)
                 tl.store(state_ptr + slot.to(tl.int64) * 2 + 1, least)
