@@ -339,13 +339,13 @@ def test_triton_top_p_thresholds_at_its_bounds(device, backend, tiny, monkeypatc
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
-@pytest.mark.parametrize("kept_rows", [256, 1], ids=["keeps", "lanes-overflow"])
-@pytest.mark.parametrize("keep_first", [1, 2], ids=["counting", "counts-after"])
+@pytest.mark.parametrize("keep_first,kept_rows", [(True, 256), (True, 1), (False, 256)],
+                         ids=["keeps", "lanes-overflow", "counts-first"])
 def test_triton_top_p_alone_keeps_in_round_0(device, backend, kept_rows, keep_first, monkeypatch):
-    """TOP_P_KEEP_FIRST (off by default, bench/NOTES.md): top-p alone keeps the keys of its
+    """TOP_P_KEEP_FIRST (on by default, bench/NOTES.md): top-p alone keeps the keys of its
     first interval (top_p_bounds) in round 0, in a buffer of TOP_P_KEPT_ROWS rows a lane,
-    counting its candidates as it reads (1) or over the kept keys after (2), or overflows a
-    lane and reads the row again (counting): the reference's tokens, counts and
+    counting its candidates as it reads, or overflows a lane and reads the row again; or,
+    with it off, only counts in round 0: the reference's tokens, counts and
     log-probabilities every way."""
     from specops.triton_kernels import verify as triton_verify
 

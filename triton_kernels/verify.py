@@ -158,13 +158,12 @@ SECOND_SUM_MAX_REGISTERS = 96
 TOP_P_SEARCH_MAX_REGISTERS = 96
 # Top-p alone: round 0 keeps its interval's keys (verify_search.top_p_bounds; about a third
 # of a split's on the bench's rows), so one row pass instead of two, into a buffer of its own
-# size: TOP_P_KEPT_ROWS rows a lane, TOP_P_KEEP_LIMIT keys a split in later rounds. With 256
-# and 16384: H100 B=64 top-p 0.9 985 -> 858 µs, B=16 338 -> 287, top-p 0.5 968 -> 749; at
-# 128 rows B=64's lanes overflow (1015). 2: round 0 only keeps, and counts the candidates
-# over the kept keys after (as top-k's keeping pass; a lane that overflows reads the row
-# again, counting): not measured. Off (0) until its GPU tests have run with it on
-# (bench/NOTES.md).
-TOP_P_KEEP_FIRST = 0
+# size: TOP_P_KEPT_ROWS rows a lane, TOP_P_KEEP_LIMIT keys a split in later rounds. H100,
+# B=64 k=4 V=128256 (bench/NOTES.md): top-p 0.9 985 -> 856 µs, 0.5 963 -> 745, 0.9 at
+# temperature 2 (flatter rows, lanes overflow more) 1280 -> 1085; B=16 337 -> 287. At 128
+# rows B=64's lanes overflow (1015); counting over the kept keys after keeping (top-k's
+# deferred form) was slower, 856 -> 1025.
+TOP_P_KEEP_FIRST = True
 TOP_P_KEPT_ROWS = 256
 TOP_P_KEEP_LIMIT = 16384
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
@@ -454,7 +453,7 @@ def verify(
                                           part_sum, block_sum, live_list, *rows, *params, num_tokens, vocab, width,
                                           split_len, search_round, *keeping, MODE=TOP_P_MODE,
                                           LIVE_BLOCKS=live_search_blocks,
-                                          KEEP_FIRST=int(TOP_P_KEEP_FIRST) if keep_first and search_round == 0 else 0,
+                                          KEEP_FIRST=keep_first and search_round == 0,
                                           **search_flags, **top_p_search_registers)
             if search_round == 0 and has_top_k and keep_limit >= 0 and bool(TOP_P_FINISH):
                 # Round 0 kept every key that weighs (about top_k a row): the threshold from them.

@@ -297,7 +297,7 @@ def threshold_search_kernel(
     LIVE_BLOCKS: tl.constexpr = 0,  # top-p after top-k: a power of two >= a split's blocks; only those z1 left nonzero
     MARK_BLOCKS: tl.constexpr = 0,  # top-k's round 0: a power of two >= a split's blocks; marks them for z1
     MARK_MAX_K: tl.constexpr = 0,  # (MARK_BLOCKS) marked where top_k is at most this (marks_blocks)
-    KEEP_FIRST: tl.constexpr = 0,  # top-p alone: round 0 keeps its interval's keys (1), counting them after (2)
+    KEEP_FIRST: tl.constexpr = False,  # top-p alone: round 0 keeps its interval's keys (top_p_bounds)
     PDL: tl.constexpr = False,
 ):
     slot = tl.program_id(0)
@@ -437,9 +437,9 @@ def threshold_search_kernel(
                 # key of [lo, hi] is kept, the others add to every candidate or to none), and a lane
                 # that overflowed voids them: the row is read again, counting. Top-p alone counts
                 # while keeping, in one pass (its bound on a split's keys is loose, so lanes
-                # overflow and recounts cost more than the counts: bench/NOTES.md), except in a
-                # round 0 launched with KEEP_FIRST 2 (off by default, not yet measured).
-                DEFERS: tl.constexpr = (MODE == TOP_K_MODE) or SKIPS or (KEEP_FIRST == 2)
+                # overflow and recounts cost more than the counts: bench/NOTES.md; counting after
+                # keeping in its round 0 too was measured slower, B=64 top-p 0.9 856 -> 1025 µs).
+                DEFERS: tl.constexpr = (MODE == TOP_K_MODE) or SKIPS
                 if DEFERS:
                     counting_pass = keep == 0
                     if keep:
