@@ -360,6 +360,22 @@ def test_triton_top_p_alone_keeps_in_round_0(device, backend, kept_rows, keep_fi
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
+def test_triton_top_p_alone_at_power_of_two_temperatures(device, backend):
+    """Top-p alone's row passes multiply by 1 / T where T is a power of two
+    (verify_math.exact_inverse) and divide elsewhere: requests at T = 0.5, 2, 2^-10, 4 and 1
+    beside T = 3 and the floats next to 2 and 0.5, the reference's tokens, counts and
+    log-probabilities (the temperature passed for its inverse fails it; a rounded 1 / T
+    for T = 3 moves p by an ulp at most and these rows do not catch it)."""
+    vocab = 2500 if device == "cpu" else 40000
+    inputs = make_inputs([2, 1, 3, 0, 2, 1, 2, 3], vocab, seed=53, greedy_fraction=0.0, with_top=False)
+    below_two = math.nextafter(2.0, 0.0)
+    above_half = math.nextafter(0.5, 1.0)
+    inputs["temperature"] = torch.tensor([0.5, 2.0, 2.0**-10, 4.0, 1.0, 3.0, below_two, above_half])
+    inputs["top_p"] = torch.tensor([0.9, 0.5, 0.75, 0.95, 0.8, 0.9, 0.6, 0.85])
+    assert_matches_reference(inputs, 3, device, backend)
+
+
+@pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
 @pytest.mark.parametrize("finish,finish_keys", [(True, 64), (True, 4), (False, 64)],
                          ids=["finished", "too-many-keys", "rounds"])
 def test_triton_top_p_after_top_k_finished_from_kept_keys(device, backend, finish, finish_keys, monkeypatch):

@@ -12,6 +12,7 @@ from .verify_math import (
     FIXED_SCALE,
     acceptance_uniform,
     chain_launch,
+    exact_inverse,
     exact_test,
     load_logits,
     log_prob,
@@ -19,7 +20,7 @@ from .verify_math import (
     weights,
 )
 from .ragged import draft_range
-from .verify_rows import PASSES, exact_inverse
+from .verify_rows import PASSES
 from .verify_search import row_kth, row_p_min
 from .verify_slots import request_params, row_fixed_sum, row_fixed_total, row_max_argmax, row_max_fixed_sum
 from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token, propose_residual

@@ -167,6 +167,16 @@ def top_p_weights(w, z1, p_min):
 
 
 @triton.jit
+def exact_inverse(temperature):
+    """1 / T when T is a power of two whose inverse is a normal float (then x / T equals
+    x * (1 / T) exactly: both are the exact quotient, rounded once), else 0."""
+    bits = temperature.to(tl.int32, bitcast=True)
+    exponent = (bits >> 23) & 0xFF
+    power_of_two = (bits > 0) & ((bits & 0x7FFFFF) == 0) & (exponent >= 1) & (exponent <= 253)
+    return tl.where(power_of_two, ((254 - exponent) << 23).to(tl.float32, bitcast=True), 0.0)
+
+
+@triton.jit
 def processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY: tl.constexpr, TOP_P: tl.constexpr):
     """The processed weights: exp((z - max) / T) after top-k and (TOP_P) top-p, the terms of
     the exact normaliser. MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (a power of

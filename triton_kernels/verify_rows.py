@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from .ragged import draft_range
-from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, fixed_weights, load_logits, processed_weights
+from .verify_math import (FIXED_SCALE, INDEX_MAX, chain_launch, exact_inverse, fixed_weights, load_logits,
+                          processed_weights)
 from .verify_search import marks_blocks, row_kth, row_p_min, top_k_initial
 from .verify_search_counts import live_list
 from .verify_slots import (PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, request_params,
@@ -389,16 +390,6 @@ def fixed_sum_kernel(
                                      HAS_TOP_K, BLOCK_V, MASS_BLOCK, LIVE_BLOCKS)
         tl.store(part_sum_ptr + slot.to(tl.int64) * num_splits + split, total)
         j += step_programs
-
-
-@triton.jit
-def exact_inverse(temperature):
-    """1 / T when T is a power of two whose inverse is a normal float (then x / T equals
-    x * (1 / T) exactly: both are the exact quotient, rounded once), else 0."""
-    bits = temperature.to(tl.int32, bitcast=True)
-    exponent = (bits >> 23) & 0xFF
-    power_of_two = (bits > 0) & ((bits & 0x7FFFFF) == 0) & (exponent >= 1) & (exponent <= 253)
-    return tl.where(power_of_two, ((254 - exponent) << 23).to(tl.float32, bitcast=True), 0.0)
 
 
 @triton.jit

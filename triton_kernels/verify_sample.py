@@ -25,6 +25,7 @@ from .verify_math import (
     PURPOSE_PROPOSE,
     RESIDUAL_PROPOSALS,
     chain_launch,
+    exact_inverse,
     load_logits,
     log_prob,
     mulhi64,
@@ -32,7 +33,6 @@ from .verify_math import (
     probs,
     processed_weights,
 )
-from .verify_rows import exact_inverse
 from .verify_slots import slot_row
 
 # What the decisions leave for a rejection with draft probs (decide_kernel):

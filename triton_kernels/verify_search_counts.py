@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .verify_math import MASS_SCALE, load_logits, order_key, weights
+from .verify_math import MASS_SCALE, load_logits, order_key, processed_weights
 
 TOP_K_MODE = tl.constexpr(0)
 TOP_P_MODE = tl.constexpr(1)
@@ -131,17 +131,18 @@ def load_listed_step(row_ptr, list_ptr, listed, count, first_block, lane, end, U
 @triton.jit
 def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above_hi, totals,
               lane_count, candidate, lo32, hi32, keys_ptr, kept_rows, keep, MODE: tl.constexpr,
-              BLOCK_V: tl.constexpr, COUNTS: tl.constexpr):
+              BLOCK_V: tl.constexpr, COUNTS: tl.constexpr, MULTIPLY: tl.constexpr = False):
     """A block's keys and weights added into the per-lane partials (the 16 candidates' only
     with COUNTS), and, when ``keep``, the keys of [lo, hi] appended to their lanes' columns.
     Top-k's keeping pass (not COUNTS) adds neither the keys >= lo nor the totals: its
-    caller takes them from the lanes' kept counts and the split's length."""
+    caller takes them from the lanes' kept counts and the split's length. MULTIPLY:
+    ``temperature`` holds 1 / T, an exact inverse (verify_math.exact_inverse)."""
     KEEPING_TOP_K: tl.constexpr = (MODE == TOP_K_MODE) and not COUNTS
     if MODE == TOP_K_MODE:
         key = order_key(z)
         weight = inside.to(tl.int32)
     else:
-        p = tl.math.div_rn(weights(z, max_logit, temperature, kth), z1)
+        p = tl.math.div_rn(processed_weights(z, max_logit, temperature, kth, z1, 0.0, MULTIPLY, False), z1)
         key = p.to(tl.int32, bitcast=True)
         weight = tl.where(inside, tl.floor(p * MASS_SCALE).to(tl.int64), 0)
     if COUNTS:
@@ -162,21 +163,21 @@ def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above
 
 @triton.jit
 def add_blocks(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr,
-               COUNTS: tl.constexpr):
+               COUNTS: tl.constexpr, MULTIPLY: tl.constexpr = False):
     """add_block over the UNROLL blocks of a step."""
     z0, in0, z1, in1, z2, in2, z3, in3 = step
-    sums = add_block(z0, in0, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS)
+    sums = add_block(z0, in0, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS, MULTIPLY)
     if UNROLL > 1:
-        sums = add_block(z1, in1, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS)
+        sums = add_block(z1, in1, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS, MULTIPLY)
     if UNROLL > 2:
-        sums = add_block(z2, in2, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS)
-        sums = add_block(z3, in3, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS)
+        sums = add_block(z2, in2, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS, MULTIPLY)
+        sums = add_block(z3, in3, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS, MULTIPLY)
     return sums
 
 
 @triton.jit
 def add_step(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr,
-             SKIPS: tl.constexpr, COUNTS: tl.constexpr):
+             SKIPS: tl.constexpr, COUNTS: tl.constexpr, MULTIPLY: tl.constexpr = False):
     """The UNROLL blocks of a step (load_step's) added into the partials ``sums``. SKIPS
     (top-p after top-k): a step with no logit >= kth weighs 0 everywhere (key 0, mass 0),
     adds nothing and is skipped, the program's one test for the whole step (with top-k 50
@@ -185,23 +186,24 @@ def add_step(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.con
         z0, _in0, z1, _in1, z2, _in2, z3, _in3 = step
         highest = tl.max(tl.maximum(tl.maximum(z0, z1), tl.maximum(z2, z3)), axis=0)
         if highest >= weighting[2]:
-            sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS)
+            sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS, MULTIPLY)
     else:
-        sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS)
+        sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS, MULTIPLY)
     return sums
 
 
 @triton.jit
 def row_pass(row_ptr, v_begin, end, weighting, sums, counting, live, MODE: tl.constexpr, UNROLL: tl.constexpr,
              BLOCK_V: tl.constexpr, SKIPS: tl.constexpr, COUNTS: tl.constexpr, LIVE_BLOCKS: tl.constexpr = 0,
-             marks=None, MARKS: tl.constexpr = False):
+             marks=None, MARKS: tl.constexpr = False, MULTIPLY: tl.constexpr = False):
     """A split's entries [v_begin, end) added into ``sums``, UNROLL blocks a step, their
     loads issued first (more bytes in flight a thread), and the next step's loads before
     this step's counts. LIVE_BLOCKS (with SKIPS, top-p after top-k): ``live`` = (the first
     normaliser's block sums of the row, a sum a BLOCK_V entries; a scratch list of
     LIVE_BLOCKS): only the blocks whose sum is not 0 are read (live_list), UNROLL at a time.
     A block summed to 0 weighs 0 here too: each entry's floor(p 2^32) <= floor(w 2^40) = 0.
-    MARKS (top-k's round 0): ``marks`` = (the row's block marks, the float of lo), mark_step's."""
+    MARKS (top-k's round 0): ``marks`` = (the row's block marks, the float of lo), mark_step's.
+    MULTIPLY: ``weighting``'s temperature is 1 / T, an exact inverse (add_block's)."""
     lane = tl.arange(0, BLOCK_V)
     if LIVE_BLOCKS > 0:
         sums_ptr, list_ptr = live
@@ -213,7 +215,7 @@ def row_pass(row_ptr, v_begin, end, weighting, sums, counting, live, MODE: tl.co
             this_step = step
             listed += UNROLL
             step = load_listed_step(row_ptr, list_ptr, listed, count, first_block, lane, end, UNROLL, BLOCK_V)
-            sums = add_blocks(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS)
+            sums = add_blocks(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS, MULTIPLY)
     else:
         offset = v_begin
         step = load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
@@ -222,7 +224,7 @@ def row_pass(row_ptr, v_begin, end, weighting, sums, counting, live, MODE: tl.co
             step = load_step(row_ptr, offset + UNROLL * BLOCK_V + lane, end, UNROLL, BLOCK_V)
             if MARKS:
                 mark_step(this_step, marks[0] + offset // BLOCK_V, marks[1], UNROLL, BLOCK_V)
-            sums = add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS, COUNTS)
+            sums = add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS, COUNTS, MULTIPLY)
             offset += UNROLL * BLOCK_V
     return sums
 

@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, exact_test, load_logits
-from .verify_rows import block_masses, exact_inverse, mass_tile
+from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, exact_inverse, exact_test, load_logits
+from .verify_rows import block_masses, mass_tile
 from .verify_slots import PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, slot_row
 
 # Row counters: one zeroed buffer a (device, stream), two int32 a slot (arrivals,
