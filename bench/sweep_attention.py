@@ -33,7 +33,7 @@ from bench_attention import graph_replay
 import specops
 from specops.triton_kernels import attention as kernels
 from specops.triton_kernels.attention_plan import ASSUMED_MULTIPROCESSORS, AttentionLaunch, plan_paged_attention
-from specops.triton_kernels.launch import multiprocessor_count
+from specops.triton_kernels.launch import dram_gbs_per_multiprocessor, multiprocessor_count
 
 BLOCK_SIZE = 16
 ROUNDS = 3
@@ -103,7 +103,8 @@ def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files, timer=com
     args = inputs(*shape, device, contiguous)
     planned = plan_paged_attention(B * q_len, B, Hq, Hkv, D, args[3].shape[1] * BLOCK_SIZE,
                                    multiprocessor_count(device, ASSUMED_MULTIPROCESSORS),
-                                   max_query_len=q_len)
+                                   max_query_len=q_len,
+                                   dram_gbs_per_multiprocessor=dram_gbs_per_multiprocessor(device))
     want = kernels.paged_attention(*args, max_query_len=q_len)[0].float()
     floor_bytes = 2 * (2 * B * L * Hkv * D + 2 * B * q_len * Hq * D)
     # name -> callable: this tree's kernel at each launch, other kernel files at the plan,

@@ -26,6 +26,7 @@ from specops.triton_kernels.attention_plan import (
     AttentionLaunch,
     plan_paged_attention,
 )
+from specops.triton_kernels.launch import dram_gbs_per_multiprocessor
 
 import specops
 from specops.backend import Backend
@@ -213,6 +214,18 @@ def test_plan_with_max_query_len_hint():
         assert (alone.block_m, alone.num_splits, alone.block_n, alone.num_stages) == (32, 1, 128, 3)
     split = plan_paged_attention(50, 10, 32, 8, 128, 4096, 132, max_query_len=5)  # 61% of the SMs
     assert (split.num_splits, split.num_stages) == (3, 2)
+    # where an SM's share of the memory bandwidth outruns one program (an H200's 36 GB/s an SM
+    # against an H100's 25), the same grids split in two, two stages deep
+    for batch in (12, 16):
+        h100 = plan_paged_attention(5 * batch, batch, 32, 8, 128, 4096, 132, max_query_len=5,
+                                    dram_gbs_per_multiprocessor=25)
+        assert (h100.num_splits, h100.num_stages) == (1, 3)
+        h200 = plan_paged_attention(5 * batch, batch, 32, 8, 128, 4096, 132, max_query_len=5,
+                                    dram_gbs_per_multiprocessor=36)
+        assert (h200.block_m, h200.num_splits, h200.block_n, h200.num_stages) == (32, 2, 128, 2)
+    # off a GPU the bandwidth is unknown (0): the plan is an H100's
+    assert dram_gbs_per_multiprocessor(torch.device("cpu")) == 0
+    assert plan_paged_attention(80, 16, 32, 8, 128, 4096, 132, max_query_len=5).num_splits == 1
     wide_float = plan_paged_attention(80, 16, 32, 8, 128, 4096, 132, max_query_len=5, element_size=4)
     assert (wide_float.num_splits, wide_float.num_stages) == (2, 2)
     head_dim_64 = plan_paged_attention(80, 16, 32, 8, 64, 4096, 132, max_query_len=5)

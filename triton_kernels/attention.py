@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .attention_plan import ASSUMED_MULTIPROCESSORS, AttentionLaunch, plan_paged_attention
-from .launch import has_pdl, multiprocessor_count
+from .launch import dram_gbs_per_multiprocessor, has_pdl, multiprocessor_count
 
 # Prefetch into L1 the block ids of a program's first step at its start (compiled kernels):
 # one DRAM round trip off the chain lengths -> block ids -> first K/V tile (measured while
@@ -354,7 +354,8 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
         multiprocessors = multiprocessor_count(query.device, ASSUMED_MULTIPROCESSORS)
         launch = plan_paged_attention(num_query_tokens, batch, num_heads, num_kv_heads, head_dim,
                                       max_blocks * block_size, multiprocessors, max_query_len=max_query_len,
-                                      element_size=key_cache.element_size())
+                                      element_size=key_cache.element_size(),
+                                      dram_gbs_per_multiprocessor=dram_gbs_per_multiprocessor(query.device))
     group = num_heads // num_kv_heads
     if launch.rows * group > launch.block_m:  # the rows past the tile would be skipped, never written
         raise ValueError(f"launch.block_m ({launch.block_m}) must hold launch.rows ({launch.rows}) x the GQA "

@@ -19,6 +19,9 @@ MIN_KEYS_PER_SPLIT = 128  # a split streams at least this many keys (one wide ke
 MAX_SPLITS = 32
 PROGRAMS_PER_MULTIPROCESSOR = 2  # split until the grid holds about this many programs per SM
 ASSUMED_MULTIPROCESSORS = 132  # off a GPU (the interpreter): plan as on an H100
+# Memory bandwidth an SM (GB/s) up to which a lone 32-row verify program keeps its SM's share
+# of it streaming (H100 SXM: 25); faster memory (H200: 36) wants two programs an SM.
+LONE_PROGRAM_MAX_GBS = 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +66,7 @@ def _floor_power_of_2(n: int) -> int:
 def plan_paged_attention(
     num_query_tokens: int, batch: int, num_heads: int, num_kv_heads: int, head_dim: int, max_context: int,
     num_multiprocessors: int, rows: int | None = None, num_splits: int | None = None, max_query_len: int = 0,
-    element_size: int = 2,
+    element_size: int = 2, dram_gbs_per_multiprocessor: int = 0,
 ) -> AttentionLaunch:
     """The launch for these shapes; ``max_context`` is ``max_blocks x block_size`` (the
     longest sequence the block table can address). ``max_query_len`` is the longest query
@@ -71,6 +74,8 @@ def plan_paged_attention(
     only sizes the tile rows: a sequence with more query rows than ``rows`` takes several
     passes over its keys, so a wrong hint costs speed, never correctness. ``element_size``
     is the bytes of one cache element (the deepest pipelines fit 16-bit tiles only).
+    ``dram_gbs_per_multiprocessor`` is the GPU's peak memory bandwidth over its SMs, GB/s
+    (0: unknown, plan as on an H100).
     ``rows`` and ``num_splits`` override the planned values (tests force splits and
     multi-pass tiles on small shapes)."""
     group = num_heads // num_kv_heads
@@ -89,9 +94,11 @@ def plan_paged_attention(
     # not split, each program an SM and a deeper pipeline of its own (bf16: 2 x 64 KB of K
     # and V in flight), no merge. H100, L=4096 verify: B=16 99.3 µs against 102.8 at 2
     # splits, B=14 90.4 against 92.7, B=12 83.3 against 84.3; at B=10 (61% of the SMs) and at
-    # head dim 64 (two programs an SM) splitting wins (bench/NOTES.md).
+    # head dim 64 (two programs an SM) splitting wins (bench/NOTES.md). Not where an SM's
+    # share of the bandwidth outruns one program: H200, B=16 82.6 µs alone, 78.3 at 2 splits.
     alone = (block_m == 32 and 64 < block_d <= 128 and element_size <= 2
-             and 10 * programs >= 7 * num_multiprocessors and programs <= num_multiprocessors)
+             and 10 * programs >= 7 * num_multiprocessors and programs <= num_multiprocessors
+             and dram_gbs_per_multiprocessor <= LONE_PROGRAM_MAX_GBS)
     if num_splits is None:
         num_splits = 1
         if programs < num_multiprocessors and not alone:

@@ -24,6 +24,24 @@ def multiprocessor_count(device: torch.device, off_gpu: int) -> int:
     return _cuda_properties(device).multi_processor_count
 
 
+@functools.cache
+def _dram_gbs(index: int) -> float:
+    from triton.runtime import driver  # the CUDA driver's attributes (torch's properties lack them)
+
+    properties = driver.active.utils.get_device_properties(index)
+    return properties["mem_clock_rate"] * properties["mem_bus_width"] * 2 / 8 / 1e6  # kHz x bits, DDR
+
+
+def dram_gbs_per_multiprocessor(device: torch.device) -> int:
+    """Peak memory bandwidth of ``device`` shared by each multiprocessor, GB/s, from its memory
+    clock and bus width (an H100 SXM by its datasheet: 3352 / 132 = 25; an H200 read 36);
+    0 off a GPU."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(_dram_gbs(index) / _properties(index).multi_processor_count)
+
+
 def has_pdl(device: torch.device) -> bool:
     """Whether ``device`` has programmatic dependent launch (griddepcontrol: sm_90+); never
     off a GPU (the interpreter runs no inline PTX)."""
