@@ -12,8 +12,12 @@ def _properties(index: int):
     return torch.cuda.get_device_properties(index)
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _cuda_properties(device: torch.device):
-    return _properties(device.index if device.index is not None else torch.cuda.current_device())
+    return _properties(_index(device))
 
 
 def multiprocessor_count(device: torch.device, off_gpu: int) -> int:
@@ -26,7 +30,7 @@ def multiprocessor_count(device: torch.device, off_gpu: int) -> int:
 
 @functools.cache
 def _dram_gbs(index: int) -> float:
-    from triton.runtime import driver  # the CUDA driver's attributes (torch's properties lack them)
+    from triton.runtime import driver  # Triton's driver reads the memory clock and bus width from CUDA
 
     properties = driver.active.utils.get_device_properties(index)
     return properties["mem_clock_rate"] * properties["mem_bus_width"] * 2 / 8 / 1e6  # kHz x bits, DDR
@@ -38,8 +42,7 @@ def dram_gbs_per_multiprocessor(device: torch.device) -> int:
     0 off a GPU."""
     if device.type != "cuda":
         return 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return int(_dram_gbs(index) / _properties(index).multi_processor_count)
+    return int(_dram_gbs(_index(device)) / _cuda_properties(device).multi_processor_count)
 
 
 def has_pdl(device: torch.device) -> bool:
