@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .attention_plan import ASSUMED_MULTIPROCESSORS, AttentionLaunch, plan_paged_attention
-from .launch import dram_gbs_per_multiprocessor, has_pdl, multiprocessor_count
+from .launch import direct_launch, dram_gbs_per_multiprocessor, has_pdl, multiprocessor_count, next_power_of_2
 
 # Prefetch into L1 the block ids of a program's first step at its start (compiled kernels):
 # one DRAM round trip off the chain lengths -> block ids -> first K/V tile (measured while
@@ -40,6 +40,7 @@ MERGE_WARPS = 1
 
 # Grid (N, Hkv). Program (i, h) copies token i's key and value for KV head h into slot
 # slot_mapping[i] (skipped when -1 or outside the cache). Bytes: 4 D elements per program.
+@direct_launch
 @triton.jit(do_not_specialize=["num_slots"])
 def _reshape_and_cache_kernel(
     key_ptr,  # [N, Hkv, D]
@@ -72,7 +73,7 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     num_slots = key_cache.shape[0] * key_cache.shape[1]
     _reshape_and_cache_kernel[(num_tokens, num_kv_heads)](
         key, value, key_cache, value_cache, slot_mapping, num_slots,
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim),
     )
 
 
@@ -168,6 +169,7 @@ def _attend_tile(
 # partial output and its LSE (-inf when its share held no visible key) for
 # _merge_splits_kernel. Bytes: the visible part of K and V of head h once per ROWS query
 # rows; the query rows once; the output once (or NUM_SPLITS float32 partials).
+@direct_launch
 @triton.jit(do_not_specialize=["num_blocks", "max_blocks", "sliding_window", "num_query_tokens"])
 def _paged_attention_kernel(
     out_ptr,  # [Tq, Hq, D] dtype of query; [NUM_SPLITS, Tq, Hq, D] float32 when NUM_SPLITS > 1
@@ -295,6 +297,7 @@ def _paged_attention_kernel(
 # hq, weighting each by exp(its LSE - the largest): exact up to float32 rounding; splits
 # that saw no key (LSE -inf, partial 0) weigh 0. Bytes: NUM_SPLITS float32 partials and
 # LSEs in (from L2), one output row (and LSE) out.
+@direct_launch
 @triton.jit(do_not_specialize=["num_query_tokens"])
 def _merge_splits_kernel(
     out_ptr,  # [Tq, Hq, D] dtype of query
@@ -367,7 +370,7 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
         kernel_lse = torch.empty((splits, num_query_tokens, num_heads), dtype=torch.float32, device=query.device)
     else:
         kernel_out, kernel_lse = out, (lse if return_lse else out)
-    block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K >= 16
+    block_d = max(16, next_power_of_2(head_dim))  # tl.dot needs K >= 16
     pdl = splits > 1 and has_pdl(query.device)
     _paged_attention_kernel[(batch * num_kv_heads, splits)](
         kernel_out, kernel_lse, query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
@@ -383,7 +386,7 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
         _merge_splits_kernel[(num_query_tokens, num_heads)](
             out, lse if return_lse else out, kernel_out, kernel_lse, num_query_tokens,
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=splits,
-            BLOCK_S=triton.next_power_of_2(splits), WRITE_LSE=return_lse, PDL=pdl, launch_pdl=pdl,
+            BLOCK_S=next_power_of_2(splits), WRITE_LSE=return_lse, PDL=pdl, launch_pdl=pdl,
             num_warps=MERGE_WARPS,
         )
     return out, lse

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import triton
+from .launch import next_power_of_2
 
 # Accumulator cap: BLOCK_M x BLOCK_D float32 elements of one program (64 registers a
 # thread at 8 warps); a larger GQA group x query rows tile takes another pass over the keys.
@@ -79,7 +79,7 @@ def plan_paged_attention(
     ``rows`` and ``num_splits`` override the planned values (tests force splits and
     multi-pass tiles on small shapes)."""
     group = num_heads // num_kv_heads
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, next_power_of_2(head_dim))
     if rows is None:
         # The longest query length if every sequence has at least one row: 1 for a decode
         # batch, so decode tiles hold just the GQA group. A caller's hint can only tighten it.
@@ -87,8 +87,8 @@ def plan_paged_attention(
         if max_query_len > 0:
             longest = min(max_query_len, longest)
         fit = _floor_power_of_2(MAX_TILE_ELEMENTS // (block_d * group))
-        rows = min(triton.next_power_of_2(longest), MAX_ROWS, fit)
-    block_m = max(16, triton.next_power_of_2(rows * group))
+        rows = min(next_power_of_2(longest), MAX_ROWS, fit)
+    block_m = max(16, next_power_of_2(rows * group))
     programs = batch * num_kv_heads
     # 32-row tiles at head dim 128 of a grid near one program an SM (from 70% of the SMs):
     # not split, each program an SM and a deeper pipeline of its own (bf16: 2 x 64 KB of K

@@ -6,12 +6,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import direct_launch
 from .ragged import draft_range
 
 
 # Grid (batch,). Program b writes request b's value (after the optional replace) into its
 # clamped row range [start, start + count) of the output, BLOCK_TOKENS rows at a time.
 # Bytes moved: 8 (cu) + 4|8 (value) per request, 4|8 per token written.
+@direct_launch
 @triton.jit(do_not_specialize=["num_tokens"])
 def _expand_to_tokens_kernel(
     out_ptr,  # [num_tokens] dtype of values, zero-filled

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import multiprocessor_count
+from .launch import cdiv, direct_launch, multiprocessor_count, next_power_of_2
 from .ragged import clamp_range
 
 BLOCK_VOCAB = 2048  # vocab entries one program handles per loop iteration
@@ -55,6 +55,7 @@ def _owning_request(
 # request owns race over nothing: score -inf, index 0.
 # Bytes moved per program: 4 * split_len from each of target_probs, draft_probs (when
 # given) and exponentials, 8 * batch from cu_num_draft_tokens (cached), 8 written.
+@direct_launch
 @triton.jit(do_not_specialize=["batch", "num_tokens"])
 def _recovered_partial_kernel(
     partial_scores_ptr,  # [num_tokens, num_splits] float32
@@ -117,6 +118,7 @@ def _recovered_partial_kernel(
 # Grid (cdiv(num_tokens, BLOCK_TOKENS),). Program i reduces the num_splits partials of
 # BLOCK_TOKENS tokens: the highest score, ties (and all -inf) to the lowest index.
 # Bytes moved per token: 8 * num_splits read, 4 written.
+@direct_launch
 @triton.jit(do_not_specialize=["num_tokens"])
 def _recovered_combine_kernel(
     recovered_token_ids_ptr,  # [num_tokens] int32
@@ -142,10 +144,10 @@ def _split_config(num_tokens: int, vocab: int, device: torch.device) -> tuple[in
     """(block_v, split_len): about PROGRAMS_PER_SM programs per SM in all, each split at
     least MIN_SPLIT_LEN entries (one split when the vocab is smaller) and a multiple of
     block_v."""
-    block_v = min(BLOCK_VOCAB, max(16, triton.next_power_of_2(vocab)))
-    wanted = triton.cdiv(PROGRAMS_PER_SM * multiprocessor_count(device, CPU_NUM_SMS), max(num_tokens, 1))
+    block_v = min(BLOCK_VOCAB, max(16, next_power_of_2(vocab)))
+    wanted = cdiv(PROGRAMS_PER_SM * multiprocessor_count(device, CPU_NUM_SMS), max(num_tokens, 1))
     num_splits = max(1, min(wanted, vocab // MIN_SPLIT_LEN))
-    split_len = triton.cdiv(triton.cdiv(vocab, num_splits), block_v) * block_v
+    split_len = cdiv(cdiv(vocab, num_splits), block_v) * block_v
     return block_v, split_len
 
 
@@ -165,7 +167,7 @@ def _sample_recovered_tokens(
     device = target_probs.device
     if num_tokens == 0:
         return torch.zeros(0, dtype=torch.int32, device=device)
-    num_splits = triton.cdiv(vocab, split_len)
+    num_splits = cdiv(vocab, split_len)
     partial_scores = torch.empty(num_tokens, num_splits, dtype=torch.float32, device=device)
     # With one split the partial indices are the answer: no combine launch.
     partial_index = torch.empty(num_tokens, num_splits, dtype=torch.int32, device=device)
@@ -190,14 +192,14 @@ def _sample_recovered_tokens(
         return partial_index.view(num_tokens)
     recovered_token_ids = torch.empty(num_tokens, dtype=torch.int32, device=device)
     block_tokens = 64
-    _recovered_combine_kernel[(triton.cdiv(num_tokens, block_tokens),)](
+    _recovered_combine_kernel[(cdiv(num_tokens, block_tokens),)](
         recovered_token_ids,
         partial_scores,
         partial_index,
         num_tokens,
         num_splits,
         BLOCK_TOKENS=block_tokens,
-        BLOCK_SPLITS=triton.next_power_of_2(num_splits),
+        BLOCK_SPLITS=next_power_of_2(num_splits),
         num_warps=4,
     )
     return recovered_token_ids

@@ -14,13 +14,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import direct_launch, next_power_of_2
 from .ragged import draft_range
 
 PLACEHOLDER_TOKEN_ID = tl.constexpr(-1)
 
 
 def _block_columns(width: int) -> int:
-    return max(16, min(triton.next_power_of_2(width), 128))
+    return max(16, min(next_power_of_2(width), 128))
 
 
 def _is_greedy_arg(is_greedy: torch.Tensor | None, dummy: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -35,6 +36,7 @@ def _is_greedy_arg(is_greedy: torch.Tensor | None, dummy: torch.Tensor) -> tuple
 # the request's drafts with the target argmax and writes its output row.
 # Bytes moved per request: 8 (cu) + 1 (is_greedy) + 4|8 (bonus) + 4 * width (row written),
 # plus 2 * (4|8) per draft read.
+@direct_launch
 @triton.jit(do_not_specialize=["num_tokens"])
 def _rejection_greedy_sample_kernel(
     output_token_ids_ptr,  # [batch, width] int32, width = max_spec_len + 1
@@ -133,6 +135,7 @@ def rejection_greedy_sample(
 # float32 (q = 1 without draft probs), and writes its output row.
 # Bytes moved per request: 8 (cu) + 1 (is_greedy) + 4|8 (bonus) + 4 * width (row written),
 # plus per draft: 4|8 (id) + 4 (uniform) + 4|8 (recovered) + 4 (p gathered) + 4 (q gathered).
+@direct_launch
 @triton.jit(do_not_specialize=["num_tokens"])
 def _rejection_random_sample_kernel(
     output_token_ids_ptr,  # [batch, width] int32, width = max_spec_len + 1

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import direct_launch, next_power_of_2
+
 
 @triton.jit
 def _round_to(x, DTYPE: tl.constexpr):
@@ -39,6 +41,7 @@ def _rotate_half(x1, x2, c1, c2, s1, s2, DTYPE: tl.constexpr):
 # Grid (N, 2). Program (i, 0) rotates token i's q heads into q; program (i, 1) rotates its
 # k heads and stores k and v in slot slot_mapping[i] of the caches (skipped when -1 or
 # outside the cache). Bytes: the token's qkv row read once, q, k, v written once.
+@direct_launch
 @triton.jit(do_not_specialize=["num_slots"])
 def rope_cache_kernel(
     q_ptr,  # [N, Hq, D], written
@@ -122,7 +125,7 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_head
     rope_cache_kernel[(n, 2)](
         q, key_cache, value_cache, qkv, qkv.stride(0), cos, sin, slot_mapping,
         key_cache.shape[0] * key_cache.shape[1], NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d,
-        BLOCK_HQ=triton.next_power_of_2(num_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
-        BLOCK_HALF=triton.next_power_of_2(d // 2), num_warps=4, enable_fp_fusion=False,
+        BLOCK_HQ=next_power_of_2(num_heads), BLOCK_HKV=next_power_of_2(num_kv_heads),
+        BLOCK_HALF=next_power_of_2(d // 2), num_warps=4, enable_fp_fusion=False,
     )
     return q

@@ -60,9 +60,8 @@ from __future__ import annotations
 
 
 import torch
-import triton
 
-from .launch import has_pdl, multiprocessor_count
+from .launch import cdiv, has_pdl, multiprocessor_count, next_power_of_2
 from .verify_decide import decide_kernel
 from .verify_rows import fixed_sum_kernel, row_max_kernel
 from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, residual_sample_kernel
@@ -209,10 +208,10 @@ def split_len_for(num_rows: int, vocab: int, device: torch.device) -> int:
     """Vocab entries per program of the row passes: about PROGRAMS_PER_SM programs per SM
     over ``num_rows`` rows, at least MIN_SPLIT_LEN entries each, whole BLOCK_V blocks (split
     by blocks, so B = 1 at V = 128256 gets 63 programs per row, not 32 of two blocks)."""
-    num_blocks = triton.cdiv(vocab, BLOCK_V)
-    wanted = triton.cdiv(PROGRAMS_PER_SM * multiprocessor_count(device, CPU_NUM_SMS), max(num_rows, 1))
+    num_blocks = cdiv(vocab, BLOCK_V)
+    wanted = cdiv(PROGRAMS_PER_SM * multiprocessor_count(device, CPU_NUM_SMS), max(num_rows, 1))
     num_splits = max(1, min(wanted, num_blocks // max(1, MIN_SPLIT_LEN // BLOCK_V)))
-    return triton.cdiv(num_blocks, num_splits) * BLOCK_V
+    return cdiv(num_blocks, num_splits) * BLOCK_V
 
 
 def kept_layout(num_programs: int, split_len: int, block: int, wanted_rows: int | None = None,
@@ -222,7 +221,7 @@ def kept_layout(num_programs: int, split_len: int, block: int, wanted_rows: int 
     meets in its split, fewer where SEARCH_KEPT_BYTES would be passed (the keep limit,
     ``wanted_limit`` or SEARCH_KEEP_LIMIT, scaled with them); (0, -1) where not one row fits
     or the limit is < 0: the searches read their rows every round."""
-    rows = min(SEARCH_KEPT_ROWS if wanted_rows is None else wanted_rows, triton.cdiv(split_len, block))
+    rows = min(SEARCH_KEPT_ROWS if wanted_rows is None else wanted_rows, cdiv(split_len, block))
     keep_limit = SEARCH_KEEP_LIMIT if wanted_limit is None else wanted_limit
     fitting = SEARCH_KEPT_BYTES // (max(num_programs, 1) * block * 4)
     if fitting < rows:
@@ -237,9 +236,9 @@ def wave_split_len(num_rows: int, vocab: int, device: torch.device, resident: in
     """Vocab entries per program, whole ``block``s: floor(resident * SMs / num_rows) splits
     per row (at least 1), so the grid fills one wave of ``resident`` programs per SM and
     does not spill a sliver into a second."""
-    num_blocks = triton.cdiv(vocab, block)
+    num_blocks = cdiv(vocab, block)
     num_splits = max(1, min(resident * multiprocessor_count(device, CPU_NUM_SMS) // max(num_rows, 1), num_blocks))
-    return triton.cdiv(num_blocks, num_splits) * block
+    return cdiv(num_blocks, num_splits) * block
 
 
 def seed_bins_for(num_splits: int, block_s: int, entries: int) -> tuple[int, int]:
@@ -303,7 +302,7 @@ def verify(
     # interpreter, which runs programs in turn.
     row_programs_at_once = multiprocessor_count(device, 1)
     counters = None
-    if not screened and ONE_LAUNCH_UNSCREENED and triton.cdiv(vocab, BLOCK_V) <= row_programs_at_once:
+    if not screened and ONE_LAUNCH_UNSCREENED and cdiv(vocab, BLOCK_V) <= row_programs_at_once:
         counters = row_counters(device, num_slots)  # None: none free of a fill in this graph
     one_launch = counters is not None
     if one_launch:
@@ -313,8 +312,8 @@ def verify(
     else:
         sum_rows = batch if screened else num_slots
         sum_split_len = wave_split_len(sum_rows, vocab, device, SUM_RESIDENT, BLOCK_V)
-    num_splits = triton.cdiv(vocab, split_len)
-    sum_splits = triton.cdiv(vocab, sum_split_len)
+    num_splits = cdiv(vocab, split_len)
+    sum_splits = cdiv(vocab, sum_split_len)
     # The max pass tests the steps (its last program of a row sums the row's packed
     # partials, verify_slots.py), else the screen launch does.
     max_pass_tests = (screened and not exact_everywhere and not greedy_only and bool(MAX_PASS_TESTS)
@@ -322,7 +321,7 @@ def verify(
     if max_pass_tests:
         counters = row_counters(device, num_slots)  # None: none free of a fill in this graph
         max_pass_tests = counters is not None
-    block_s = triton.next_power_of_2(max(num_splits, sum_splits))
+    block_s = next_power_of_2(max(num_splits, sum_splits))
     seed_bins, seed_coarse = seed_bins_for(num_splits, block_s, min(split_len, vocab)) if has_top_k else (0, 0)
 
     def empty(*shape, dtype):
@@ -333,7 +332,7 @@ def verify(
     part_arg = empty(num_slots, num_splits, dtype=torch.int32)
     part_sum = empty(num_slots, sum_splits, dtype=torch.int64)
     mass_block = min(MASS_BLOCK, BLOCK_V)
-    block_sum = empty(num_slots, triton.cdiv(vocab, mass_block), dtype=torch.int64)
+    block_sum = empty(num_slots, cdiv(vocab, mass_block), dtype=torch.int64)
     part_sum2 = empty(num_slots, sum_splits, dtype=torch.int64) if has_top_p else part_sum
 
     def search_buffers(rounds):  # (lo, hi) before each round, and each round's partials
@@ -362,11 +361,11 @@ def verify(
     live_search_blocks = live_sum_blocks = mark_blocks = 0
     live_list = part_arg  # a stand-in, never read or written
     if has_top_k and search_block_v == mass_block:
-        live_search_blocks = triton.next_power_of_2(triton.cdiv(split_len, search_block_v))
+        live_search_blocks = next_power_of_2(cdiv(split_len, search_block_v))
     if TOP_K_MARKS and live_search_blocks and seed_bins and sum_split_len == split_len:
         mark_blocks = live_search_blocks
     if has_top_k and (has_top_p or mark_blocks):
-        live_sum_blocks = triton.next_power_of_2(triton.cdiv(sum_split_len, mass_block))
+        live_sum_blocks = next_power_of_2(cdiv(sum_split_len, mass_block))
         live_list = empty(num_slots * max(num_splits * live_search_blocks, sum_splits * live_sum_blocks),
                           dtype=torch.int32)
     # Absent optional tensors: any tensor of the right dtype stands in (never read).
@@ -426,7 +425,7 @@ def verify(
     request_flags = {"HAS_DRAFT_PROBS": draft_probs is not None, "RETURN_LOGPROBS": return_logprobs, **flags}
     if screen_launch:
         screen_kernel[(batch,)](out, num_accepted, marked, resume, part_max, part_arg, part_approx, *request,
-                                ALL_GREEDY=greedy_only, BLOCK_W=triton.next_power_of_2(width),
+                                ALL_GREEDY=greedy_only, BLOCK_W=next_power_of_2(width),
                                 num_warps=SCREEN_WARPS, **request_flags, **exact)
     if greedy_only:
         return out, num_accepted, logprobs
@@ -438,7 +437,7 @@ def verify(
     step_programs = 1 if screened and not exact_everywhere else width
     sum_grid = (step_programs * batch * sum_splits,)
     sum_flags = {"BLOCK_V": BLOCK_V, "MASS_BLOCK": mass_block, "MARKED": screen_launch,
-                 "VERDICTS": max_pass_tests, "BLOCK_W": triton.next_power_of_2(width), "num_warps": SUM_WARPS,
+                 "VERDICTS": max_pass_tests, "BLOCK_W": next_power_of_2(width), "num_warps": SUM_WARPS,
                  **flags, **exact}
     first_sum_registers = {"maxnreg": TOP_K_SUM_MAX_REGISTERS} if has_top_k and TOP_K_SUM_MAX_REGISTERS else {}
     second_sum_registers = {"maxnreg": SECOND_SUM_MAX_REGISTERS} if has_top_k and SECOND_SUM_MAX_REGISTERS else {}
@@ -474,20 +473,20 @@ def verify(
         resume, *(verdicts if one_launch else (max_pass_verdicts if max_pass_tests else out, part_max, part_sum)),
         part_max, part_arg, part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits, **request_flags,
         MASS_BLOCK=mass_block,
-        BLOCK_B=triton.next_power_of_2(triton.cdiv(vocab, mass_block)), PROPOSAL_ROUND=PROPOSAL_ROUND,
-        BLOCK_W=triton.next_power_of_2(width), SCREENED=screen_launch,
+        BLOCK_B=next_power_of_2(cdiv(vocab, mass_block)), PROPOSAL_ROUND=PROPOSAL_ROUND,
+        BLOCK_W=next_power_of_2(width), SCREENED=screen_launch,
         VERDICTS=test_steps or max_pass_tests, SLOT_STATS=test_steps, num_warps=DECIDE_WARPS, **exact,
     )
     if draft_probs is None:  # every token drawn by the decisions
         return out, num_accepted, logprobs
-    num_blocks = triton.cdiv(vocab, BLOCK_V)
+    num_blocks = cdiv(vocab, BLOCK_V)
     block_mass = empty(batch, num_blocks, dtype=torch.int64)
     mass_split_len = wave_split_len(batch, vocab, device, RESIDUAL_RESIDENT, BLOCK_V)
-    residual_sample_kernel[(batch, triton.cdiv(vocab, mass_split_len))](
+    residual_sample_kernel[(batch, cdiv(vocab, mass_split_len))](
         out, logprobs if return_logprobs else out, block_mass, arrivals, sample_float, sample_int, target_logits,
         bonus_logits, draft_probs, cu_num_draft_tokens, seeds, num_tokens, vocab, width, mass_split_len,
         HAS_TOP_P=has_top_p, RETURN_LOGPROBS=return_logprobs, BLOCK_V=BLOCK_V,
-        BLOCK_B=triton.next_power_of_2(num_blocks),
+        BLOCK_B=next_power_of_2(num_blocks),
         num_warps=RESIDUAL_WARPS, maxnreg=RESIDUAL_MAX_REGISTERS, **exact,
     )
     return out, num_accepted, logprobs

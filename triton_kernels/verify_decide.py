@@ -8,6 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .launch import direct_launch
 from .verify_math import (
     FIXED_SCALE,
     acceptance_uniform,
@@ -38,6 +39,7 @@ from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, draw_token, propose_resid
 # (verify_sample.propose_residual), and when none is kept leaves the row's parameters in
 # sample_float/sample_int for the residual pass. Bytes: one logit (and one draft prob) per
 # step, the partials of the slots walked, and the block sums of each random step walked.
+@direct_launch
 @triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "num_splits", "sum_splits"])
 def decide_kernel(
     out_ptr,  # [batch, width] int32

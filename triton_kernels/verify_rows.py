@@ -17,6 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .launch import direct_launch
 from .ragged import draft_range
 from .verify_math import (FIXED_SCALE, INDEX_MAX, chain_launch, exact_inverse, fixed_weights, load_logits,
                           processed_weights)
@@ -175,6 +176,7 @@ def _scan_tests(row_ptr, v_begin, end, first, z_x, scale, x_rel, MODE: tl.conste
 # logit of its split or -inf, then those of COARSE_BINS groups, from which the top-k search
 # seeds its interval (verify_search.top_k_seed).
 # Bytes: the row once over all splits (TESTS: and the draft's logit and draft prob).
+@direct_launch
 @triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
 def row_max_kernel(
     part_max_ptr,  # [batch * width, num_splits] float32
@@ -286,6 +288,7 @@ def row_max_kernel(
 # Greedy slots sum at T = 1 (log-probabilities). The launcher gives step_programs = 1 when
 # usually one step a request is marked (no idle programs), the width when every step is.
 # Bytes: the marked rows once per launch (usually the one row per request that samples).
+@direct_launch
 @triton.jit(do_not_specialize=["num_tokens", "width", "row_splits", "batch"])
 def fixed_sum_kernel(
     part_sum_ptr,  # [batch * width, sum_splits] int64, written

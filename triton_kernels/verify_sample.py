@@ -20,6 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .launch import direct_launch
 from .verify_math import (
     FIXED_SCALE,
     PURPOSE_PROPOSE,
@@ -167,6 +168,7 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
 # draws the token from all the block sums (draw_token) and writes it (and its
 # log-probability). Bytes: that row and its draft-probs row once over all splits, then the
 # block sums and one block of both; nothing for other requests.
+@direct_launch
 @triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
 def residual_sample_kernel(
     out_ptr,  # [batch, width] int32

@@ -24,6 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .launch import direct_launch
 from .ragged import draft_range
 from .verify_math import INDEX_MAX, acceptance_uniform, chain_launch, load_logits, weights
 from .verify_slots import request_params
@@ -62,6 +63,7 @@ def _step_stats(part_max_ptr, part_arg_ptr, part_approx_ptr, slots, reachable, n
 # and after an unsettled test every later step too. ALL_GREEDY: the caller promised every
 # request is greedy (no log-probabilities): the screen finishes the batch. Bytes: one logit
 # and one draft prob per step, the partials of every step.
+@direct_launch
 @triton.jit(do_not_specialize=["num_tokens", "vocab", "width", "num_splits"])
 def screen_kernel(
     out_ptr,  # [batch, width] int32

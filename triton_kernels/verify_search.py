@@ -33,6 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .launch import direct_launch
 from .verify_math import MASS_SCALE, TOP_P_SCALE, chain_launch, exact_inverse, from_order_key, order_key
 from .verify_search_counts import TOP_K_MODE, TOP_P_MODE, add_kept, clear_marks, count_kept, row_pass
 from .verify_slots import request_params, row_fixed_sum, row_max_argmax, slot_row
@@ -256,6 +257,7 @@ def _store_kept_record(lanes_ptr, meta_ptr, lane_count, most, above_hi, total):
 # earlier round. Each thread adds into its own entries' counts (int32 for top-k's 0/1
 # weights), reduced once after the loop. Bytes: the row once per round until the split
 # keeps, for the slots that use the threshold only.
+@direct_launch
 @triton.jit(do_not_specialize=["num_tokens", "width", "search_round", "kept_rows", "keep_limit"])
 def threshold_search_kernel(
     state_ptr,  # [rounds, batch * width, 2] int64: (lo, hi) before each round (TOP_K_ROUNDS / TOP_P_ROUNDS)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .launch import direct_launch
 from .ragged import draft_range
 from .verify_math import chain_launch
 from .verify_search import AGG_COLUMNS, META_COLUMNS, TOTAL_COLUMN, top_p_threshold
@@ -78,6 +79,7 @@ def _least_holding_key(keys_ptr, count, bound):
 # slot finishes its search where top_k <= FINISH_KEYS and every split of the slot kept its
 # keys (at most FINISH_KEYS in all); elsewhere it leaves round 0's interval, and the rounds after it search as
 # before. Bytes: the slot's kept keys (about top_k int32) and round 0's totals.
+@direct_launch
 @triton.jit(do_not_specialize=["num_tokens", "width", "num_splits", "kept_rows", "keep_limit"])
 def top_p_finish_kernel(
     state_ptr,  # [TOP_P_ROUNDS, batch * width, 2] int64: round 0's interval rewritten when finished

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import direct_launch
 from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, exact_inverse, exact_test, load_logits
 from .verify_rows import block_masses, mass_tile
 from .verify_slots import PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, slot_row
@@ -108,6 +109,7 @@ def step_passes(draft, in_vocab, x, z_x, q_x, u, part_arg_ptr, split_max, row_ma
 # decisions start at the first failed step instead of walking the passed ones.
 # Bytes: each reachable row once, the row's max partials, the draft's logit and draft prob
 # once a program; a greedy step's argmax partials once a row.
+@direct_launch
 @triton.jit(do_not_specialize=["num_tokens", "width"])
 def row_max_sum_kernel(
     part_max_ptr,  # [batch * width, num_splits] float32
