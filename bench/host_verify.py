@@ -16,6 +16,7 @@ from ab_verify import graph_of, shape_call
 
 import common
 import specops
+from specops.triton_kernels import launch
 
 
 def main() -> None:
@@ -32,9 +33,16 @@ def main() -> None:
         def eager(backend=backend):
             return specops.verify(*call, logprobs, backend=backend, validate=False)
         replay = graph_of(eager).replay
-        eager_us = common.time_us(eager, device, iters=100)
         replay_us = common.time_us(replay, device, iters=100)
-        print(f"{label} {backend}: eager {eager_us:.1f} us, graph replay {replay_us:.1f} us", flush=True)
+        print(f"{label} {backend}: graph replay {replay_us:.1f} us", flush=True)
+        # Eager, the Triton kernels launched through JITFunction.run and directly
+        # (launch.DIRECT), in alternating rounds.
+        for _ in range(3 if backend == "triton" else 1):
+            for direct in ((False, True) if backend == "triton" else (True,)):
+                launch.DIRECT = direct
+                eager_us = common.time_us(eager, device, iters=100)
+                print(f"  eager{' (direct launches)' if direct else ' (JITFunction.run)' if backend == 'triton' else ''}"
+                      f" {eager_us:.1f} us", flush=True)
 
     def calls():
         for _ in range(args.calls):
