@@ -1,6 +1,6 @@
 """Where an eager specops.verify call spends its host time: each backend's eager call
-against its graph replay (the difference is host time), then cProfile over eager calls of
-one backend. Usage (GPU):
+against its graph replay (the difference is host time; Triton's with launch.DIRECT off
+and on, in alternating rounds), then cProfile over eager calls of one backend. Usage (GPU):
 
     python bench/host_verify.py --shape 1:4:128256:random --backend triton
 """
@@ -41,8 +41,8 @@ def main() -> None:
             for direct in ((False, True) if backend == "triton" else (True,)):
                 launch.DIRECT = direct
                 eager_us = common.time_us(eager, device, iters=100)
-                print(f"  eager{' (direct launches)' if direct else ' (JITFunction.run)' if backend == 'triton' else ''}"
-                      f" {eager_us:.1f} us", flush=True)
+                how = "" if backend != "triton" else " (direct launches)" if direct else " (JITFunction.run)"
+                print(f"  eager{how} {eager_us:.1f} us", flush=True)
 
     def calls():
         for _ in range(args.calls):

@@ -77,9 +77,10 @@ class DirectLaunch:
     Triton's own binder still specializes every argument (dtypes, 16-byte alignment,
     integers equal to 1 or divisible by 16, constexprs, options), and its result keys the
     compiled kernels; a key seen before launches at once. The first launch of a key, and
-    every launch while launch hooks or Triton's debug or instrumentation knobs are set, go
-    through ``JITFunction.run`` as before. The kernel's globals are module constants: they
-    are checked by the first launch of each key, not by later ones.
+    every launch while the kernel has pre-run hooks, or launch hooks or Triton's debug or
+    instrumentation knobs are set, go through ``JITFunction.run`` as before. The kernel's
+    globals are module constants: the first launch of each key checks them, later ones do
+    not.
     """
 
     def __init__(self, fn):
@@ -93,7 +94,7 @@ class DirectLaunch:
         return functools.partial(self.launch, grid)
 
     def launch(self, grid, *args, **kwargs):
-        if not DIRECT or callable(grid) or _observed():
+        if not DIRECT or callable(grid) or self.fn.pre_run_hooks or _observed():
             return self.fn[grid](*args, **kwargs)
         device = torch.cuda.current_device()
         bound, specialization, options = self.fn.device_caches[device][4](*args, **kwargs)
