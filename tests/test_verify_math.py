@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, requires_gpu
 from specops.backend import triton_available
 from specops.reference.repro_math import repro_exp, repro_log
 
@@ -31,6 +31,13 @@ if triton_available():
         tl.store(exp_ptr + i, triton_exp(x), mask=mask)
         tl.store(log_ptr + i, triton_log(tl.abs(x)), mask=mask)
         tl.store(fixed_ptr + i, triton_fixed_exp(x), mask=mask)
+
+    @triton.jit
+    def _fixed_exp_kernel(fixed_ptr, first_bits, n, BLOCK: tl.constexpr):
+        """fixed_exp of the float32 whose bits are first_bits + i (no load: every pattern)."""
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = (first_bits + i).to(tl.float32, bitcast=True)
+        tl.store(fixed_ptr + i, triton_fixed_exp(x), mask=i < n)
 
 
 def _arguments() -> torch.Tensor:
@@ -64,3 +71,34 @@ def test_triton_exp_and_log_equal_the_reference_bit_for_bit(device):
     normal = finite & (x.abs() >= torch.finfo(torch.float32).tiny)
     expected_log = repro_log(x.abs()[normal])
     assert torch.equal(log_out.cpu()[normal].view(torch.int32), expected_log.view(torch.int32))
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_fixed_exp_equals_the_reference_at_every_float_at_most_0():
+    """Every float32 x <= 0 the kernels can meet (-0, the negative normals, -inf; +0 as -0),
+    on the GPU as the kernels are launched, against floor(repro_exp(x) 2^40) from the
+    reference's torch operations there: fixed_exp builds its floor and its int64 from the
+    floats' bits, so every binade and rounding is checked, not a sample. Subnormal x are left
+    out: the kernels flush them to 0 (and the reference does not); x = (z - max) / T is
+    subnormal only for logits within 2^-126 of a subnormal max."""
+    chunk = 1 << 26
+    first, last = 0x80800000, 0xFF800000  # -2^-126 (the least negative normal) .. -inf
+    out = torch.empty(chunk, dtype=torch.int64, device="cuda")
+    checked = nonzero = 0
+    for start in [0x80000000, *range(first, last + 1, chunk)]:
+        n = 1 if start == 0x80000000 else min(chunk, last + 1 - start)
+        out[:n].fill_(-1)  # poisoned: every entry written
+        signed = start - (1 << 32)  # the int32 of these bits
+        _fixed_exp_kernel[(triton.cdiv(n, 4096),)](out, signed, n, BLOCK=4096, enable_fp_fusion=False)
+        bits = torch.arange(signed, signed + n, dtype=torch.int64, device="cuda").to(torch.int32)
+        expected = torch.floor(repro_exp(bits.view(torch.float32)) * 2.0**40).to(torch.int64)
+        mismatch = (out[:n] != expected).nonzero()
+        if mismatch.numel():
+            i = int(mismatch[0, 0])
+            raise AssertionError(f"{int(mismatch.numel())} of {n} differ from bits {start:#x}; first "
+                                 f"x = {bits.view(torch.float32)[i].item()!r}: {int(out[i])} != {int(expected[i])}")
+        checked += n
+        nonzero += int((expected > 0).sum())
+    assert checked == last - first + 2
+    assert nonzero > 1 << 29  # x from -27.7 (the last term of at least 2^-40) up to -0
