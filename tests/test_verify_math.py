@@ -76,12 +76,12 @@ def test_triton_exp_and_log_equal_the_reference_bit_for_bit(device):
 @pytest.mark.gpu
 @requires_gpu
 def test_fixed_exp_equals_the_reference_at_every_float_at_most_0():
-    """Every float32 x <= 0 the kernels can meet (-0, the negative normals, -inf; +0 as -0),
-    on the GPU as the kernels are launched, against floor(repro_exp(x) 2^40) from the
-    reference's torch operations there: fixed_exp builds its floor and its int64 from the
-    floats' bits, so every binade and rounding is checked, not a sample. Subnormal x are left
-    out: the kernels flush them to 0 (and the reference does not); x = (z - max) / T is
-    subnormal only for logits within 2^-126 of a subnormal max."""
+    """Every float32 x <= 0 the kernels can meet (-0, the negative normals, -inf), on the GPU
+    as the kernels are launched, against floor(repro_exp(x) 2^40) from the reference's torch
+    operations there: every binade, rounding and the flush at 2^-125, not a sample (a
+    rewrite of fixed_exp is checked at all of them). Subnormal x are left out: the kernels
+    flush them to 0 (and the reference does not); x = (z - max) / T is subnormal only for
+    logits within 2^-126 of a subnormal max."""
     chunk = 1 << 26
     first, last = 0x80800000, 0xFF800000  # -2^-126 (the least negative normal) .. -inf
     out = torch.empty(chunk, dtype=torch.int64, device="cuda")
