@@ -1,7 +1,9 @@
 // exp and log from IEEE float32 operations alone, host and device, bit for
 // bit reference/repro_math.py (see there for the method and accuracy). Every operation is
-// a separate correctly rounded one: the CPU build passes -ffp-contract=off, and device
-// code uses __fmul_rn/__fadd_rn, which nvcc never contracts into an FMA.
+// one correctly rounded one: exp's polynomial steps are fused multiply-adds (fma: one
+// rounding of a * b + c), every other multiply and add is rounded on its own (the CPU
+// build passes -ffp-contract=off, and device code uses __fmul_rn/__fadd_rn, which nvcc
+// never contracts into an FMA).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -17,11 +19,13 @@ SPECOPS_HOST_DEVICE float mul(float a, float b) { return __fmul_rn(a, b); }
 SPECOPS_HOST_DEVICE float add(float a, float b) { return __fadd_rn(a, b); }
 SPECOPS_HOST_DEVICE float sub(float a, float b) { return __fsub_rn(a, b); }
 SPECOPS_HOST_DEVICE float div(float a, float b) { return __fdiv_rn(a, b); }
+SPECOPS_HOST_DEVICE float fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 #else
 SPECOPS_HOST_DEVICE float mul(float a, float b) { return a * b; }
 SPECOPS_HOST_DEVICE float add(float a, float b) { return a + b; }
 SPECOPS_HOST_DEVICE float sub(float a, float b) { return a - b; }
 SPECOPS_HOST_DEVICE float div(float a, float b) { return a / b; }
+SPECOPS_HOST_DEVICE float fma(float a, float b, float c) { return std::fma(a, b, c); }  // one rounding
 #endif
 
 SPECOPS_HOST_DEVICE float from_bits(int32_t bits) {
@@ -47,7 +51,7 @@ SPECOPS_HOST_DEVICE float exp(float x) {
   const float n = floorf(y);
   const float f = sub(y, n);
   float acc = kCoefficients[0];
-  for (int i = 1; i < 8; ++i) acc = add(mul(acc, f), kCoefficients[i]);
+  for (int i = 1; i < 8; ++i) acc = fma(acc, f, kCoefficients[i]);
   return mul(acc, from_bits((static_cast<int32_t>(n) + 127) << 23));
 }
 

@@ -1,8 +1,10 @@
 """exp and log built from IEEE float32 operations alone, so every backend computes them bit
 for bit alike (the libraries' expf/logf differ in the last ulp between CPU, CUDA and
-Triton). Every line is one correctly rounded float32 operation, in this order; kernels
-must not contract a multiply and an add into an FMA (C++: -ffp-contract=off or explicit
-__fmul_rn/__fadd_rn; Triton: enable_fp_fusion=False).
+Triton). Every line is one correctly rounded float32 operation, in this order: exp's
+polynomial steps are fused multiply-adds (one rounding of a * b + c: ``fma``), every other
+multiply and add is rounded on its own, so kernels must not contract them into FMAs (C++:
+-ffp-contract=off or explicit __fmul_rn/__fadd_rn, __fmaf_rn where fused; Triton:
+enable_fp_fusion=False, tl.fma where fused).
 
 Accuracy: exp within 8e-8 relative for arguments near 0, growing as |x| * 2^-24 (the
 rounding of x * log2(e)); log within 1e-6 absolute on (0, 1]. Both are far inside what a
@@ -36,6 +38,27 @@ def _f32(value: float) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float32)
 
 
+def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | float) -> torch.Tensor:
+    """a * b + c for float32 tensors with one rounding, as a GPU's fma.rn.f32 and C's fmaf.
+    In float64 the product is exact (24 + 24 bits) and the sum s rounds once more; TwoSum
+    gives that rounding's error e exactly, and s with e != 0 is moved to the odd one of its
+    two float64 neighbours around the exact value (rounding to odd). Rounding that to
+    float32 is then the exact value rounded once (53 >= 24 + 2 bits: Boldo and Melquiond's
+    theorem), where rounding s alone could round twice."""
+    p = a.double() * b.double()
+    c = torch.as_tensor(c, dtype=torch.float32).double()
+    s = p + c
+    b_virtual = s - p
+    e = (p - (s - b_virtual)) + (c - b_virtual)  # s + e = p + c exactly
+    bits = s.view(torch.int64)
+    # Inexact s with an even last bit: the odd neighbour is one ulp away in magnitude, up
+    # where e has s's sign (|p + c| > |s|), down where it has the other.
+    up = (e > 0) == (s > 0)
+    odd = torch.where(up, bits + 1, bits - 1)
+    bits = torch.where((e != 0) & (bits & 1 == 0), odd, bits)
+    return bits.view(torch.float64).float()
+
+
 def repro_exp(x: torch.Tensor) -> torch.Tensor:
     """exp(x) for float32 x <= 0 (softmax numerators after subtracting the max)."""
     y = x * _f32(LOG2E)
@@ -43,8 +66,7 @@ def repro_exp(x: torch.Tensor) -> torch.Tensor:
     f = y - n  # exact: y and floor(y) share their leading bits
     acc = torch.full_like(f, EXP2_COEFFICIENTS[0])
     for c in EXP2_COEFFICIENTS[1:]:
-        acc = acc * f
-        acc = acc + _f32(c)
+        acc = fma(acc, f, c)
     n_int = n.clamp(min=EXP_LOWEST).to(torch.int32)
     scale = ((n_int + 127) << 23).view(torch.float32)  # 2^n from its bits
     out = acc * scale  # exact

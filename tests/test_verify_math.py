@@ -1,5 +1,6 @@
-"""The Triton verify kernels' exp and log (triton_kernels/verify_math.py) equal the
-reference's (reference/repro_math.py) bit for bit, and fixed_exp equals floor(exp 2^40), over a sweep of arguments that crosses
+"""The Triton verify kernels' fused multiply-add, exp and log (triton_kernels/verify_math.py)
+equal the reference's (reference/repro_math.py) bit for bit (the fused multiply-add also a * b + c
+rounded once, where rounding twice differs), and fixed_exp equals floor(exp 2^40), over a sweep of arguments that crosses
 every binade the kernels meet, the 2^-125 flush, 0, -inf and NaN (CPU under the
 interpreter; the GPU with fused multiply-adds off, as the kernels are launched); on the GPU
 fixed_exp also at every float32 x <= 0 but the subnormals."""
@@ -10,8 +11,9 @@ import pytest
 import torch
 
 from conftest import HAS_CUDA, requires_gpu
+from fma_cases import fma_cases, fma_exact
 from specops.backend import triton_available
-from specops.reference.repro_math import repro_exp, repro_log
+from specops.reference.repro_math import fma, repro_exp, repro_log
 
 DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else [])
 pytestmark = pytest.mark.skipif(not triton_available(), reason="needs triton")
@@ -21,6 +23,7 @@ if triton_available():
     import triton.language as tl
 
     from specops.triton_kernels.verify_math import fixed_exp as triton_fixed_exp
+    from specops.triton_kernels.verify_math import fma_rn as triton_fma
     from specops.triton_kernels.verify_math import repro_exp as triton_exp
     from specops.triton_kernels.verify_math import repro_log as triton_log
 
@@ -32,6 +35,15 @@ if triton_available():
         tl.store(exp_ptr + i, triton_exp(x), mask=mask)
         tl.store(log_ptr + i, triton_log(tl.abs(x)), mask=mask)
         tl.store(fixed_ptr + i, triton_fixed_exp(x), mask=mask)
+
+    @triton.jit
+    def _fma_kernel(out_ptr, a_ptr, b_ptr, c_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < n
+        a = tl.load(a_ptr + i, mask=mask, other=0.0)
+        b = tl.load(b_ptr + i, mask=mask, other=0.0)
+        c = tl.load(c_ptr + i, mask=mask, other=0.0)
+        tl.store(out_ptr + i, triton_fma(a, b, c), mask=mask)
 
     @triton.jit
     def _fixed_exp_kernel(fixed_ptr, first_bits, n, BLOCK: tl.constexpr):
@@ -49,6 +61,20 @@ def _arguments() -> torch.Tensor:
                           float("-inf"), float("nan")])
     near_flush = -125.0 * 0.6931471805599453 + torch.linspace(-0.01, 0.01, 257, dtype=torch.float64)
     return torch.cat([-magnitudes, edges, near_flush.float()]).to(torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_fma_rounds_once(device):
+    """fma_rn (fma.rn.f32 on the GPU, the reference's emulation under the interpreter) equals
+    a * b + c rounded once, on triples where rounding twice gives the other neighbour too."""
+    a, b, c, _hard = fma_cases(count=1000, seed=1)
+    n = a.numel()
+    out = torch.full((n,), float("nan"), device=device)
+    _fma_kernel[(triton.cdiv(n, 512),)](out, a.to(device), b.to(device), c.to(device), n, BLOCK=512,
+                                        enable_fp_fusion=False)
+    expected = fma_exact(a, b, c)
+    assert torch.equal(out.cpu().view(torch.int32), expected.view(torch.int32))
+    assert torch.equal(fma(a.to(device), b.to(device), c.to(device)).cpu().view(torch.int32), expected.view(torch.int32))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 from distribution_harness import assert_follows
+from fma_cases import fma_cases, fma_exact
 from verify_inputs import make_inputs, select_requests
 
 from specops.reference import philox
-from specops.reference.repro_math import repro_exp, repro_log
+from specops.reference.repro_math import fma, repro_exp, repro_log
 from specops.reference.verify import processed_probs, verify
 
 # Random123's kat_vectors: counter[4], key[2] -> output[4].
@@ -44,6 +45,17 @@ def test_philox_counters_separate_positions_and_purposes():
         for purpose in (philox.PURPOSE_ACCEPT, philox.PURPOSE_SAMPLE)
     }
     assert len(set(words.values())) == len(words)
+
+
+def test_fma_rounds_once():
+    """The reference's fma equals a * b + c rounded once (exact rationals) on random triples
+    and on triples where rounding twice (float64, then float32) gives the other neighbour."""
+    a, b, c, hard = fma_cases()
+    expected = fma_exact(a, b, c)
+    assert torch.equal(fma(a, b, c).view(torch.int32), expected.view(torch.int32))
+    twice = (a.double() * b.double() + c.double()).float()
+    assert not torch.equal(twice[-hard:], expected[-hard:])
+    assert (twice[-hard:] != expected[-hard:]).all()  # each hard triple tells the two apart
 
 
 def test_repro_exp_and_log_against_float64():
