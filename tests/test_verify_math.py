@@ -1,9 +1,10 @@
 """The Triton verify kernels' fused multiply-add, exp and log (triton_kernels/verify_math.py)
-equal the reference's (reference/repro_math.py) bit for bit (the fused multiply-add also a * b + c
-rounded once, where rounding twice differs), and fixed_exp equals floor(exp 2^40), over a sweep of arguments that crosses
-every binade the kernels meet, the 2^-125 flush, 0, -inf and NaN (CPU under the
-interpreter; the GPU with fused multiply-adds off, as the kernels are launched); on the GPU
-fixed_exp also at every float32 x <= 0 but the subnormals."""
+equal the reference's (reference/repro_math.py) bit for bit, the fused multiply-add also
+a * b + c rounded once where rounding twice differs, and fixed_exp equals floor(exp 2^40),
+over a sweep of arguments that crosses every binade the kernels meet, the 2^-125 flush, 0,
+-inf and NaN (CPU under the interpreter; the GPU with contraction off, as the kernels are
+launched: only the explicit fused multiply-adds are fused); on the GPU fixed_exp also at
+every float32 x <= 0 but the subnormals."""
 
 from __future__ import annotations
 
