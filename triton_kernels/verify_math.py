@@ -4,7 +4,7 @@ the 64-bit multiply-high of the sampling draw, and the per-element steps of the 
 distribution (reference/verify.py).
 
 Every float operation is a separate rounded one but exp's polynomial steps, which are
-fused multiply-adds (fma_rn): kernels using these are launched with enable_fp_fusion=False,
+fused multiply-adds (tl.fma, fma.rn.f32 on the GPU): kernels using these are launched with enable_fp_fusion=False,
 and divisions are tl.math.div_rn (a plain float32 ``/`` lowers to the approximate div.full
 on the GPU).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import triton
 import triton.language as tl
 
@@ -22,8 +23,30 @@ TOP_P_SCALE = tl.constexpr(16777216.0)  # 2^24: top_p and the acceptance uniform
 INDEX_MAX = tl.constexpr(2**31 - 1)
 RESIDUAL_PROPOSALS = tl.constexpr(16)  # reference/verify.py: proposals of a residual draw
 PURPOSE_PROPOSE = tl.constexpr(2)  # reference/philox.py
-# The interpreter's tl.fma rounds a * b and then the sum (numpy float32): fma_rn rounds once there too.
-INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+def _fma_rounded_once(self, x, y, z):
+    """The interpreter's fma for float32: a * b + c rounded once (reference/repro_math.fma:
+    the float64 sum rounded to odd, then to float32), where Triton 3.6's computes
+    x * y + z in float32 numpy, two roundings; other types as Triton's."""
+    if not all(np.asarray(h.data).dtype == np.float32 for h in (x, y, z)):
+        return _interpreter_fma(self, x, y, z)
+    p = np.asarray(x.data, np.float64) * np.asarray(y.data, np.float64)  # exact
+    c = np.asarray(z.data, np.float64)
+    s = p + c
+    b_virtual = s - p
+    e = (p - (s - b_virtual)) + (c - b_virtual)  # s + e = p + c exactly
+    bits = np.asarray(s).view(np.int64)
+    odd = np.where((e > 0) == (s > 0), bits + 1, bits - 1)  # inexact s: its odd neighbour toward p + c
+    bits = np.where((e != 0) & ((bits & 1) == 0), odd, bits)
+    return TensorHandle(bits.view(np.float64).astype(np.float32), z.dtype.scalar)
+
+
+if os.environ.get("TRITON_INTERPRET", "0") == "1":  # the GPU's fma.rn.f32 is rounded once already
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    _interpreter_fma = InterpreterBuilder.create_fma
+    InterpreterBuilder.create_fma = _fma_rounded_once
 
 
 @triton.jit
@@ -68,35 +91,16 @@ def philox_words(seed, position, purpose, block):
 
 
 @triton.jit
-def fma_rn(a, b, c):
-    """a * b + c, float32, rounded once (reference/repro_math.fma): fma.rn.f32 on the GPU;
-    under the interpreter the reference's float64 sum rounded to odd, then to float32."""
-    if INTERPRETED:
-        zero = tl.zeros_like(a)  # a is a float32 tensor; b and c float32 tensors or floats
-        p = a.to(tl.float64) * (zero + b).to(tl.float64)  # exact
-        c = (zero + c).to(tl.float64)
-        s = p + c
-        b_virtual = s - p
-        e = (p - (s - b_virtual)) + (c - b_virtual)  # s + e = p + c exactly
-        bits = s.to(tl.int64, bitcast=True)
-        odd = tl.where((e > 0) == (s > 0), bits + 1, bits - 1)
-        bits = tl.where((e != 0) & ((bits & 1) == 0), odd, bits)
-        return bits.to(tl.float64, bitcast=True).to(tl.float32)
-    else:
-        return tl.fma(a, b, c)
-
-
-@triton.jit
 def _exp2_fraction(f):
     """2^f for f in [0, 1): Horner from the highest coefficient, a fused multiply-add a
     step, as the reference."""
-    acc = fma_rn(f, 2.1651645511155948e-05, 0.00014299429312814027)
-    acc = fma_rn(acc, f, 0.001342980656772852)
-    acc = fma_rn(acc, f, 0.009613536298274994)
-    acc = fma_rn(acc, f, 0.05550529062747955)
-    acc = fma_rn(acc, f, 0.2402263581752777)
-    acc = fma_rn(acc, f, 0.6931471824645996)
-    return fma_rn(acc, f, 1.0)
+    acc = tl.fma(f, 2.1651645511155948e-05, 0.00014299429312814027)
+    acc = tl.fma(acc, f, 0.001342980656772852)
+    acc = tl.fma(acc, f, 0.009613536298274994)
+    acc = tl.fma(acc, f, 0.05550529062747955)
+    acc = tl.fma(acc, f, 0.2402263581752777)
+    acc = tl.fma(acc, f, 0.6931471824645996)
+    return tl.fma(acc, f, 1.0)
 
 
 @triton.jit
