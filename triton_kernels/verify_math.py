@@ -4,9 +4,9 @@ the 64-bit multiply-high of the sampling draw, and the per-element steps of the 
 distribution (reference/verify.py).
 
 Every float operation is a separate rounded one but exp's polynomial steps, which are
-fused multiply-adds (tl.fma, fma.rn.f32 on the GPU): kernels using these are launched with enable_fp_fusion=False,
-and divisions are tl.math.div_rn (a plain float32 ``/`` lowers to the approximate div.full
-on the GPU).
+fused multiply-adds (tl.fma, fma.rn.f32 on the GPU): kernels using these are launched with
+enable_fp_fusion=False, and divisions are tl.math.div_rn (a plain float32 ``/`` lowers to
+the approximate div.full on the GPU).
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ PURPOSE_PROPOSE = tl.constexpr(2)  # reference/philox.py
 
 
 def _fma_rounded_once(self, x, y, z):
-    """The interpreter's fma for float32: a * b + c rounded once (reference/repro_math.fma:
-    the float64 sum rounded to odd, then to float32), where Triton 3.6's computes
-    x * y + z in float32 numpy, two roundings; other types as Triton's."""
+    """The interpreter's fma for float32: a * b + c rounded once (reference/repro_math.fma's
+    steps in numpy: the float64 sum rounded to odd, then to float32), where Triton 3.6's
+    computes x * y + z in float32 numpy, two roundings; other types as Triton's. (Calling
+    the reference's torch function instead took twice the time a call.)"""
     if not all(np.asarray(h.data).dtype == np.float32 for h in (x, y, z)):
         return _interpreter_fma(self, x, y, z)
     p = np.asarray(x.data, np.float64) * np.asarray(y.data, np.float64)  # exact
