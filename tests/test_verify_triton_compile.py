@@ -20,11 +20,10 @@ from pathlib import Path
 import pytest
 import triton
 import triton.language as tl
+from specops.reference.repro_math import EXP2_COEFFICIENTS
 from specops.triton_kernels import (verify_decide, verify_rows, verify_sample, verify_screen, verify_search,
                                     verify_unscreened)
 from triton.backends.compiler import GPUTarget
-
-from specops.reference.repro_math import EXP2_COEFFICIENTS
 from uninterpreted import INTERPRETED, rerun_without_interpreter
 
 ROW_POINTERS = {"target_ptr": "*bf16", "bonus_ptr": "*bf16", "cu_ptr": "*i32", "part_arg_ptr": "*i32",
@@ -108,7 +107,7 @@ def _ptx(fn, constexprs: dict, **options) -> str:
 @pytest.mark.parametrize("name,fn,constexprs,approximate", CASES, ids=[c[0] for c in CASES])
 def test_compiles_for_sm90_with_exact_arithmetic(name, fn, constexprs, approximate):
     ptx = _ptx(fn, constexprs)
-    # The only fused multiply-adds are exp's Horner steps (verify_math.fma_rn), each adding
+    # The only fused multiply-adds are exp's Horner steps (verify_math._exp2_fraction), each adding
     # one of its coefficients, the seven in equal numbers: any other is a contracted one.
     addends = [line.split(",")[-1].strip() for line in re.findall(r"\bfma\.rn\.f32\s+([^;]*);", ptx)]
     steps = {f"0f{struct.unpack('<I', struct.pack('<f', c))[0]:08X}" for c in EXP2_COEFFICIENTS[1:]}
