@@ -40,13 +40,14 @@ SPECOPS_HOST_DEVICE int32_t to_bits(float f) {
   return bits;
 }
 
-// exp(x) for x <= 0; 0 below 2^-125.
-SPECOPS_HOST_DEVICE float exp(float x) {
+constexpr float kLog2e = 1.4426950408889634f;
+
+// exp(x) from its first step's result y = x log2(e) (rounded): 2^y for y <= 0, 0 below -125.
+SPECOPS_HOST_DEVICE float exp_of_exponent(float y) {
   constexpr float kCoefficients[8] = {
       2.1651645511155948e-05f, 0.00014299429312814027f, 0.001342980656772852f,
       0.009613536298274994f,   0.05550529062747955f,    0.2402263581752777f,
       0.6931471824645996f,     1.0f};
-  const float y = mul(x, 1.4426950408889634f);
   if (y < -125.0f) return 0.0f;
   const float n = floorf(y);
   const float f = sub(y, n);
@@ -54,6 +55,9 @@ SPECOPS_HOST_DEVICE float exp(float x) {
   for (int i = 1; i < 8; ++i) acc = fma(acc, f, kCoefficients[i]);
   return mul(acc, from_bits((static_cast<int32_t>(n) + 127) << 23));
 }
+
+// exp(x) for x <= 0; 0 below 2^-125.
+SPECOPS_HOST_DEVICE float exp(float x) { return exp_of_exponent(mul(x, kLog2e)); }
 
 // log(u) for normal u > 0.
 SPECOPS_HOST_DEVICE float log(float u) {

@@ -81,25 +81,30 @@ __device__ __forceinline__ int64_t fixed_point(float x, float scale) {
   return __float2ll_rd(repro::mul(x, scale));
 }
 
-// Division by the temperature. For a power of two T (T = 1 above all), x / T and
-// x * (1 / T) round the same real number, so the multiplication is exact too and far
-// cheaper than a correctly rounded division.
+// exp's first step, ((z - max) / T) log2(e), by the temperature. For a power of two T
+// (T = 1 above all) it is one multiply by log2(e) / T, which is exact: (z - max) / T is
+// exact unless subnormal, so both forms round the same real number once; where it is
+// subnormal (or flushed), y is 0 one way and at most 2^-125 the other, and exp returns 1
+// both ways (its polynomial at f = 1 is 2 exactly). Elsewhere a correctly rounded division,
+// then the multiply.
 struct Temperature {
   float t;
-  float inverse;  // 1 / t when t is a power of two, else 0
-  __device__ explicit Temperature(float temperature) : t(temperature), inverse(0.f) {
+  float exponent_scale;  // log2(e) / t when t is a power of two, else 0
+  __device__ explicit Temperature(float temperature) : t(temperature), exponent_scale(0.f) {
     const uint32_t bits = __float_as_uint(temperature);
     const uint32_t exponent = (bits >> 23) & 0xFFu;
-    if ((bits & 0x807FFFFFu) == 0 && exponent >= 2 && exponent <= 253) inverse = __fdiv_rn(1.f, temperature);
+    if ((bits & 0x807FFFFFu) == 0 && exponent >= 2 && exponent <= 253) {
+      exponent_scale = repro::mul(__fdiv_rn(1.f, temperature), repro::kLog2e);
+    }
   }
-  __device__ __forceinline__ float scale(float x) const {
-    return inverse != 0.f ? repro::mul(x, inverse) : repro::div(x, t);
+  __device__ __forceinline__ float exponent(float x) const {
+    return exponent_scale != 0.f ? repro::mul(x, exponent_scale) : repro::mul(repro::div(x, t), repro::kLog2e);
   }
 };
 
-// The weight of a kept logit: exp((z - max) / T), the reference's two rounded steps.
+// The weight of a kept logit: exp((z - max) / T), the reference's rounded steps.
 __device__ __forceinline__ float weight(float z, float max_logit, const Temperature& temperature) {
-  return repro::exp(temperature.scale(repro::sub(z, max_logit)));
+  return repro::exp_of_exponent(temperature.exponent(repro::sub(z, max_logit)));
 }
 
 // w_v after the top-k and top-p masks, from a row's statistics: pass 2's recomputation of

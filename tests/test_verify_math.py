@@ -23,6 +23,7 @@ if triton_available():
     import triton
     import triton.language as tl
 
+    from specops.triton_kernels.verify_math import exponent_scale, fixed_weights, processed_weights
     from specops.triton_kernels.verify_math import fixed_exp as triton_fixed_exp
     from specops.triton_kernels.verify_math import repro_exp as triton_exp
     from specops.triton_kernels.verify_math import repro_log as triton_log
@@ -51,6 +52,27 @@ if triton_available():
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         x = (first_bits + i).to(tl.float32, bitcast=True)
         tl.store(fixed_ptr + i, triton_fixed_exp(x), mask=i < n)
+
+
+    @triton.jit
+    def _folded_kernel(out_ptr, z_ptr, max_ptr, t_ptr, n, BLOCK: tl.constexpr):
+        """Per entry (int64 columns): exponent_scale's scale (bits), then the weight (bits)
+        and the fixed-point term by the folded multiply (the scale where nonzero) and by
+        the division."""
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < n
+        z = tl.load(z_ptr + i, mask=mask, other=0.0)
+        m = tl.load(max_ptr + i, mask=mask, other=0.0)
+        t = tl.load(t_ptr + i, mask=mask, other=1.0)
+        kth = float("-inf")
+        scale = exponent_scale(t)
+        folded = tl.where(scale > 0.0, scale, 1.0)
+        columns = (scale, processed_weights(z, m, folded, kth, 1.0, 0.0, True, False),
+                   processed_weights(z, m, t, kth, 1.0, 0.0, False, False))
+        for c in tl.static_range(3):
+            tl.store(out_ptr + i * 5 + c, columns[c].to(tl.int32, bitcast=True).to(tl.int64), mask=mask)
+        tl.store(out_ptr + i * 5 + 3, fixed_weights(z, m, folded, kth, True, False), mask=mask)
+        tl.store(out_ptr + i * 5 + 4, fixed_weights(z, m, t, kth, False, False), mask=mask)
 
 
 def _arguments() -> torch.Tensor:
@@ -99,6 +121,58 @@ def test_triton_exp_and_log_equal_the_reference_bit_for_bit(device):
     normal = finite & (x.abs() >= torch.finfo(torch.float32).tiny)
     expected_log = repro_log(x.abs()[normal])
     assert torch.equal(log_out.cpu()[normal].view(torch.int32), expected_log.view(torch.int32))
+
+
+def _folded_cases() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(z, max, T): every power of two T = 2^-126 .. 2^127 and its float neighbours, T = 3
+    and 0.7, against z - max over every binade the kernels meet, subnormal differences
+    (logits next to a subnormal max), differences whose scaled product leaves the float
+    range, 0 and -inf."""
+    g = torch.Generator().manual_seed(11)
+    powers = [2.0**e for e in range(-126, 128)]
+    temperatures = torch.tensor(powers + [p * (1 + 2**-23) for p in powers] + [p * (1 - 2**-24) for p in powers]
+                                + [3.0, 0.7], dtype=torch.float32)
+    per_t = 64
+    t = temperatures.repeat_interleave(per_t)
+    n = t.numel()
+    # Logits at the temperature's scale, (z - max) / T over 2^-30 .. 2^8: every binade of exp;
+    # for the smallest T the logits themselves are subnormal, for the largest near the float range.
+    m = (torch.randn(n, generator=g) * 8 * t).clamp(-1e38, 1e38)
+    z = (m - t * torch.exp2(torch.rand(n, generator=g) * 38 - 30)).clamp(min=-3e38)  # finite: as the kernels load
+    tiny = torch.finfo(torch.float32).tiny
+    sub = torch.arange(n) % 8 == 1  # a subnormal max and a logit a few subnormal steps below it
+    m[sub] = tiny * torch.rand(int(sub.sum()), generator=g)
+    z[sub] = m[sub] - tiny * 2.0**-20 * torch.randint(1, 64, (int(sub.sum()),), generator=g)
+    big = torch.arange(n) % 8 == 2  # (z - max) 2^n log2(e) past the float range
+    m[big] = 3e38
+    z[big] = -3e38 * torch.rand(int(big.sum()), generator=g)
+    z[torch.arange(n) % 8 == 3] = m[torch.arange(n) % 8 == 3]
+    z[torch.arange(n) % 8 == 4] = float("-inf")
+    return z, m, t
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_exponent_scale_folds_exp_first_step_bit_for_bit(device):
+    """The kernels' multiply path for a power of two T: (z - max) (log2(e) / T) in place of
+    ((z - max) / T) log2(e) gives the same weight and fixed-point term as the division, bit
+    for bit, at every such T with a normal inverse and at differences that are subnormal or
+    leave the float range; every other T (2^127, the neighbours, 3, 0.7) gets no scale."""
+    z, m, t = _folded_cases()
+    n = z.numel()
+    out = torch.full((n, 5), -7, dtype=torch.int64, device=device)  # poisoned: every entry written
+    _folded_kernel[(triton.cdiv(n, 512),)](out, z.to(device), m.to(device), t.to(device), n, BLOCK=512,
+                                           enable_fp_fusion=False)
+    out = out.cpu()
+    scale = out[:, 0].to(torch.int32).view(torch.float32)
+    bits = t.view(torch.int32)
+    foldable = ((bits & 0x7FFFFF) == 0) & (t < 2.0**127)
+    assert torch.equal(scale > 0, foldable)
+    assert torch.equal(scale[foldable], (1.0 / t[foldable]) * torch.tensor(1.4426950408889634, dtype=torch.float32))
+    assert torch.equal(out[foldable, 1], out[foldable, 2]), "weights differ between multiply and division"
+    assert torch.equal(out[foldable, 3], out[foldable, 4]), "fixed-point terms differ between multiply and division"
+    weights = out[foldable, 1].to(torch.int32).view(torch.float32)
+    assert not torch.isnan(weights).any() and (weights == 1).sum() > 100 and (weights == 0).sum() > 100
+    assert ((weights > 0) & (weights < 1)).sum() > 1000
 
 
 @pytest.mark.gpu

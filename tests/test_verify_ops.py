@@ -361,8 +361,8 @@ def test_triton_top_p_alone_keeps_in_round_0(device, backend, kept_rows, keep_fi
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
 def test_triton_top_p_alone_at_power_of_two_temperatures(device, backend):
-    """Top-p alone's row passes multiply by 1 / T where T is a power of two
-    (verify_math.exact_inverse) and divide elsewhere: requests at T = 0.5, 2, 2^-10, 4 and 1
+    """Top-p alone's row passes multiply by log2(e) / T where T is a power of two
+    (verify_math.exponent_scale) and divide elsewhere: requests at T = 0.5, 2, 2^-10, 4 and 1
     beside T = 3 and the floats next to 2 and 0.5, the reference's tokens, counts and
     log-probabilities (the temperature passed for its inverse fails it; a rounded 1 / T
     for T = 3 moves p by an ulp at most and these rows do not catch it)."""

@@ -159,7 +159,7 @@ def deep_walk_inputs(vocab, depth, seed, *, ngram, failure):
 def test_one_launch_walks_of_every_depth(device, ngram, no_fixed_sum):
     """The max pass tests every draft step and the decisions start at the first failed one:
     0 to 4 passed drafts (then a rejection's token, or the bonus draw), greedy requests
-    among them, a temperature of 1/2 (the masses' exact-inverse path), failures by an
+    among them, a temperature of 1/2 (the masses' multiply path), failures by an
     unlikely draft and by a draft prob of 0: the reference's tokens, at every depth."""
     vocab = 2000 if device == "cpu" else 9000
     depths = set()

@@ -13,7 +13,7 @@ from .verify_math import (
     FIXED_SCALE,
     acceptance_uniform,
     chain_launch,
-    exact_inverse,
+    exponent_scale,
     exact_test,
     load_logits,
     log_prob,
@@ -197,9 +197,9 @@ def decide_kernel(
                     if ~is_bonus & (HAS_DRAFT_PROBS != 0):  # proposals, else the residual masses' own pass
                         proposing = (block_sums, mass_total, row_ptr, draft_probs_ptr + t.to(tl.int64) * vocab, seed,
                                      position0 + i, vocab)
-                        inverse = exact_inverse(temperature)
-                        if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
-                            token = propose_residual(*proposing, max_logit, inverse, kth, z1, p_min, z2, True,
+                        scale = exponent_scale(temperature)
+                        if scale > 0.0:  # T = 2^n: exp's first step by one multiply (exponent_scale)
+                            token = propose_residual(*proposing, max_logit, scale, kth, z1, p_min, z2, True,
                                                      HAS_TOP_P, MASS_BLOCK, PROPOSAL_ROUND)
                         else:
                             token = propose_residual(*proposing, *params, False, HAS_TOP_P, MASS_BLOCK,

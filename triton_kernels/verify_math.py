@@ -105,8 +105,8 @@ def _exp2_fraction(f):
 
 
 @triton.jit
-def repro_exp(x):
-    y = x * 1.4426950408889634
+def exp_of_exponent(y):
+    """repro_exp(x) from its first step's result, y = x log2(e) rounded to float32."""
     n = tl.maximum(tl.floor(y), -125.0)
     acc = _exp2_fraction(y - n)  # y - n >= 1 only where y < -125, which returns 0
     out = acc * ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
@@ -114,13 +114,22 @@ def repro_exp(x):
 
 
 @triton.jit
+def repro_exp(x):
+    return exp_of_exponent(x * 1.4426950408889634)
+
+
+@triton.jit
 def fixed_exp(x):
-    """floor(repro_exp(x) 2^40) as int64, bit for bit, for x <= 0 or -inf, in two float
-    instructions fewer than the floor of the product: repro_exp's result acc 2^n (n >= -125)
-    is a normal float, so acc 2^(n + 40) is the same exact product; and where y < -125 (0
-    in repro_exp) f is clamped to 0 instead of the result selected: acc = 1, and 2^-85
-    floors to 0."""
-    y = x * 1.4426950408889634
+    """floor(repro_exp(x) 2^40) as int64, bit for bit, for x <= 0 or -inf."""
+    return fixed_exp_of_exponent(x * 1.4426950408889634)
+
+
+@triton.jit
+def fixed_exp_of_exponent(y):
+    """fixed_exp(x) from y = x log2(e) rounded to float32, in two float instructions fewer
+    than the floor of exp_of_exponent's product: its result acc 2^n (n >= -125) is a normal
+    float, so acc 2^(n + 40) is the same exact product; and where y < -125 (0 in repro_exp)
+    f is clamped to 0 instead of the result selected: acc = 1, and 2^-85 floors to 0."""
     n = tl.maximum(tl.floor(y), -125.0)
     acc = _exp2_fraction(tl.maximum(y - n, 0.0))
     return (acc * ((n.to(tl.int32) + 167) << 23).to(tl.float32, bitcast=True)).to(tl.int64)
@@ -196,22 +205,28 @@ def top_p_weights(w, z1, p_min):
 
 
 @triton.jit
-def exact_inverse(temperature):
-    """1 / T when T is a power of two whose inverse is a normal float (then x / T equals
-    x * (1 / T) exactly: both are the exact quotient, rounded once), else 0."""
+def exponent_scale(temperature):
+    """log2(e) / T when T is a power of two whose inverse is a normal float (T = 1 above
+    all), else 0. Then exp's first step, ((z - max) / T) log2(e) rounded, equals
+    (z - max) (log2(e) / T) rounded wherever it decides exp's result: log2(e) / T is exact,
+    and so is (z - max) / T unless it is subnormal (or -inf past the float range, where the
+    folded product is -inf too), so both round the same real number once. Where it is
+    subnormal (or flushed), y is 0 one way and at most 2^-125 the other, and exp returns 1
+    both ways (its polynomial at f = 1 is 2 exactly)."""
     bits = temperature.to(tl.int32, bitcast=True)
     exponent = (bits >> 23) & 0xFF
     power_of_two = (bits > 0) & ((bits & 0x7FFFFF) == 0) & (exponent >= 1) & (exponent <= 253)
-    return tl.where(power_of_two, ((254 - exponent) << 23).to(tl.float32, bitcast=True), 0.0)
+    inverse = ((254 - exponent) << 23).to(tl.float32, bitcast=True)
+    return tl.where(power_of_two, inverse * 1.4426950408889634, 0.0)
 
 
 @triton.jit
 def processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY: tl.constexpr, TOP_P: tl.constexpr):
     """The processed weights: exp((z - max) / T) after top-k and (TOP_P) top-p, the terms of
-    the exact normaliser. MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (a power of
-    two: x / T and x * (1 / T) are the same rounded quotient)."""
+    the exact normaliser. MULTIPLY: ``temperature`` holds log2(e) / T (exponent_scale: exp's
+    first step folded into one multiply, bit for bit)."""
     if MULTIPLY:
-        w = tl.where(z >= kth, repro_exp((z - max_logit) * temperature), 0.0)
+        w = tl.where(z >= kth, exp_of_exponent((z - max_logit) * temperature), 0.0)
     else:
         w = weights(z, max_logit, temperature, kth)
     if TOP_P:
@@ -222,14 +237,15 @@ def processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY: tl.co
 @triton.jit
 def fixed_weights(z, max_logit, temperature, kth, MULTIPLY: tl.constexpr, HAS_TOP_K: tl.constexpr):
     """floor(w 2^40) as int64 of the processed weights without top-p (processed_weights), by
-    fixed_exp; 0 where z = -inf. HAS_TOP_K False: kth is -inf (no compare issued)."""
+    fixed_exp; 0 where z = -inf. HAS_TOP_K False: kth is -inf (no compare issued).
+    MULTIPLY: ``temperature`` holds log2(e) / T (exponent_scale)."""
     if MULTIPLY:
-        x = (z - max_logit) * temperature
+        y = (z - max_logit) * temperature
     else:
-        x = tl.math.div_rn(z - max_logit, temperature)
+        y = tl.math.div_rn(z - max_logit, temperature) * 1.4426950408889634
     if HAS_TOP_K:
-        x = tl.where(z >= kth, x, float("-inf"))
-    return fixed_exp(x)
+        y = tl.where(z >= kth, y, float("-inf"))
+    return fixed_exp_of_exponent(y)
 
 
 @triton.jit

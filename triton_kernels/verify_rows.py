@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .launch import direct_launch
 from .ragged import draft_range
-from .verify_math import (FIXED_SCALE, INDEX_MAX, chain_launch, exact_inverse, fixed_weights, load_logits,
+from .verify_math import (FIXED_SCALE, INDEX_MAX, chain_launch, exponent_scale, fixed_weights, load_logits,
                           processed_weights)
 from .verify_search import marks_blocks, row_kth, row_p_min, top_k_initial
 from .verify_search_counts import live_list
@@ -340,7 +340,7 @@ def fixed_sum_kernel(
         b, vocab, temperature_ptr, top_k_ptr, top_p_ptr, HAS_TOP_K, HAS_TOP_P)
     greedy = temperature == 0.0
     temperature = tl.where(greedy, 1.0, temperature)
-    inverse = exact_inverse(temperature)
+    scale = exponent_scale(temperature)
     _start, num_drafts = draft_range(cu_ptr, b, num_tokens, width - 1)  # unused (dropped) when MARKED
     chain_launch(PDL)
     if MARKED:
@@ -385,8 +385,8 @@ def fixed_sum_kernel(
             unseeded, _max_key = top_k_initial(max_logit)
             live = uses_top_k & marks_blocks(lo, hi, lo > unseeded, top_k, MARK_MAX_K)
         split_range = (row_ptr, blocks, list_ptr, split * split_len, split_len, vocab)
-        if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
-            total = _split_fixed_sum(*split_range, max_logit, inverse, kth, z1, p_min, live, True, SECOND, HAS_TOP_K,
+        if scale > 0.0:  # T = 2^n: exp's first step by one multiply (exponent_scale)
+            total = _split_fixed_sum(*split_range, max_logit, scale, kth, z1, p_min, live, True, SECOND, HAS_TOP_K,
                                      BLOCK_V, MASS_BLOCK, LIVE_BLOCKS)
         else:
             total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, live, False, SECOND,
@@ -428,7 +428,7 @@ def _split_fixed_sum(row_ptr, blocks_ptr, list_ptr, v_begin, split_len, vocab, m
                      BLOCK_V: tl.constexpr, MASS_BLOCK: tl.constexpr, LIVE_BLOCKS: tl.constexpr):
     """sum floor(w_v 2^40) over [v_begin, v_begin + split_len) (int64, exact); the sum of
     each MASS_BLOCK entries to ``blocks_ptr`` (the masses verify_sample.py draws from).
-    MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse). With top-k and
+    MULTIPLY: ``temperature`` holds log2(e) / T (exponent_scale). With top-k and
     LIVE_BLOCKS: _live_blocks_sum (where ``live``, only the blocks ``blocks_ptr`` holds nonzero).
     The tile [LANE_GROUPS, WARP_GROUPS, REPS, SPAN] holds BLOCK_V entries so that each mass
     block lies in the registers of a few lanes of one warp (4 warps, 2048 entries, 128-entry

@@ -26,7 +26,7 @@ from .verify_math import (
     PURPOSE_PROPOSE,
     RESIDUAL_PROPOSALS,
     chain_launch,
-    exact_inverse,
+    exponent_scale,
     load_logits,
     log_prob,
     mulhi64,
@@ -55,7 +55,7 @@ def _fixed_masses(w, q, v, draft, vocab, z2, RESIDUAL: tl.constexpr):
 def _masses(z, q, v, draft, vocab, max_logit, temperature, kth, z1, p_min, z2, RESIDUAL: tl.constexpr,
             MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr):
     """The int64 masses of entries v from their logits z (_fixed_masses).
-    MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (verify_rows.exact_inverse)."""
+    MULTIPLY: ``temperature`` holds log2(e) / T (verify_math.exponent_scale)."""
     w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
     return _fixed_masses(w, q, v, draft, vocab, z2, RESIDUAL)
 
@@ -125,7 +125,7 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
     sums <= U, the mass before it the largest such sum (two independent reductions of one
     scan, computed once for every proposal); then the entry inside the block; the chosen
     token's logit and draft prob are read again (cached lines), not selected by reductions.
-    MULTIPLY: ``temperature`` holds 1 / T, an exact inverse (exact_inverse). Bytes: per
+    MULTIPLY: ``temperature`` holds log2(e) / T (exponent_scale). Bytes: per
     round one block of the row and of its draft probs per proposal (loaded together: no
     load waits on the token)."""
     e = tl.arange(0, MASS_BLOCK)
@@ -202,7 +202,7 @@ def residual_sample_kernel(
             b, step, sample_float_ptr, target_ptr, bonus_ptr, draft_probs_ptr, cu_ptr, num_tokens, vocab, width)
         blocks = block_mass_ptr + b.to(tl.int64) * tl.cdiv(vocab, BLOCK_V)
         params = (max_logit, temperature, kth, z1, p_min, z2)
-        inverse = exact_inverse(temperature)
+        scale = exponent_scale(temperature)
         v_begin = split * split_len
         offset = 0
         while offset < split_len:
@@ -210,8 +210,8 @@ def residual_sample_kernel(
             in_row = v < vocab
             z = load_logits(row_ptr, v, in_row)
             q = tl.load(q_row_ptr + v, mask=in_row, other=0.0)
-            if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
-                m = _masses(z, q, v, -1, vocab, max_logit, inverse, kth, z1, p_min, z2, True, True, HAS_TOP_P)
+            if scale > 0.0:  # T = 2^n: exp's first step by one multiply (exponent_scale)
+                m = _masses(z, q, v, -1, vocab, max_logit, scale, kth, z1, p_min, z2, True, True, HAS_TOP_P)
             else:
                 m = _masses(z, q, v, -1, vocab, *params, True, False, HAS_TOP_P)
             tl.store(blocks + (v_begin + offset) // BLOCK_V, tl.sum(m, axis=0), mask=v_begin + offset < vocab)

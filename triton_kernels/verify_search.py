@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .launch import direct_launch
-from .verify_math import MASS_SCALE, TOP_P_SCALE, chain_launch, exact_inverse, from_order_key, order_key
+from .verify_math import MASS_SCALE, TOP_P_SCALE, chain_launch, exponent_scale, from_order_key, order_key
 from .verify_search_counts import TOP_K_MODE, TOP_P_MODE, add_kept, clear_marks, count_kept, row_pass
 from .verify_slots import request_params, row_fixed_sum, row_max_argmax, slot_row
 
@@ -470,9 +470,9 @@ def threshold_search_kernel(
                         total = tl.sum(totals, axis=0)
                 else:
                     counting = (candidate, lo32, hi32, keys_ptr, kept_rows, keep)
-                    inverse = exact_inverse(temperature)
-                    if inverse > 0.0:  # T = 2^n (1 among them): (z - max) / T is (z - max) * 2^-n, bit for bit
-                        sums = row_pass(*split_range, (max_logit, inverse, kth, z1), fresh, counting, live_ptr, MODE,
+                    scale = exponent_scale(temperature)
+                    if scale > 0.0:  # T = 2^n (1 among them): exp's first step by one multiply (exponent_scale)
+                        sums = row_pass(*split_range, (max_logit, scale, kth, z1), fresh, counting, live_ptr, MODE,
                                         UNROLL, BLOCK_V, SKIPS, True, LIVE, MULTIPLY=True)
                     else:
                         sums = row_pass(*split_range, weighting, fresh, counting, live_ptr, MODE, UNROLL, BLOCK_V, SKIPS,

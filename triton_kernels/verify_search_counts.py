@@ -136,7 +136,7 @@ def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above
     with COUNTS), and, when ``keep``, the keys of [lo, hi] appended to their lanes' columns.
     Top-k's keeping pass (not COUNTS) adds neither the keys >= lo nor the totals: its
     caller takes them from the lanes' kept counts and the split's length. MULTIPLY:
-    ``temperature`` holds 1 / T, an exact inverse (verify_math.exact_inverse)."""
+    ``temperature`` holds log2(e) / T (verify_math.exponent_scale)."""
     KEEPING_TOP_K: tl.constexpr = (MODE == TOP_K_MODE) and not COUNTS
     if MODE == TOP_K_MODE:
         key = order_key(z)
@@ -203,7 +203,7 @@ def row_pass(row_ptr, v_begin, end, weighting, sums, counting, live, MODE: tl.co
     LIVE_BLOCKS): only the blocks whose sum is not 0 are read (live_list), UNROLL at a time.
     A block summed to 0 weighs 0 here too: each entry's floor(p 2^32) <= floor(w 2^40) = 0.
     MARKS (top-k's round 0): ``marks`` = (the row's block marks, the float of lo), mark_step's.
-    MULTIPLY: ``weighting``'s temperature is 1 / T, an exact inverse (add_block's)."""
+    MULTIPLY: ``weighting``'s temperature is log2(e) / T (add_block's)."""
     lane = tl.arange(0, BLOCK_V)
     if LIVE_BLOCKS > 0:
         sums_ptr, list_ptr = live

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .launch import direct_launch
-from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, exact_inverse, exact_test, load_logits
+from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, exponent_scale, exact_test, load_logits
 from .verify_rows import block_masses, mass_tile
 from .verify_slots import PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, slot_row
 
@@ -150,7 +150,7 @@ def row_max_sum_kernel(
         request_temperature = tl.load(temperature_ptr + b)
         greedy = request_temperature == 0.0
         temperature = tl.where(greedy, 1.0, request_temperature)  # greedy: summed at T = 1
-        inverse = exact_inverse(temperature)
+        scale = exponent_scale(temperature)
         # (unused, so not loaded, without TEST_STEPS)
         draft, in_vocab, x, z_x, q_x, u = draft_step(draft_ptr, draft_probs_ptr, seeds_ptr, positions_ptr, row_ptr,
                                                      row_start, b, i, count, vocab, HAS_DRAFT_PROBS)
@@ -178,8 +178,8 @@ def row_max_sum_kernel(
         row_max = tl.max(split_max, axis=0)
         kth = tl.full([], float("-inf"), tl.float32)
         one = tl.full([], 1.0, tl.float32)
-        if inverse > 0.0:  # T = 2^n: (z - max) / T is (z - max) * 2^-n, bit for bit
-            masses = block_masses(z, row_max, inverse, kth, one, 0.0, True, False, False)
+        if scale > 0.0:  # T = 2^n: exp's first step by one multiply (exponent_scale)
+            masses = block_masses(z, row_max, scale, kth, one, 0.0, True, False, False)
         else:
             masses = block_masses(z, row_max, temperature, kth, one, 0.0, False, False, False)
         start = split * BLOCK_V + block * MASS_BLOCK
