@@ -53,7 +53,6 @@ if triton_available():
         x = (first_bits + i).to(tl.float32, bitcast=True)
         tl.store(fixed_ptr + i, triton_fixed_exp(x), mask=i < n)
 
-
     @triton.jit
     def _folded_kernel(out_ptr, z_ptr, max_ptr, t_ptr, n, BLOCK: tl.constexpr):
         """Per entry (int64 columns): exponent_scale's scale (bits), then the weight (bits)
@@ -143,6 +142,9 @@ def _folded_cases() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     sub = torch.arange(n) % 8 == 1  # a subnormal max and a logit a few subnormal steps below it
     m[sub] = tiny * torch.rand(int(sub.sum()), generator=g)
     z[sub] = m[sub] - tiny * 2.0**-20 * torch.randint(1, 64, (int(sub.sum()),), generator=g)
+    ulps = torch.arange(n) % 8 == 5  # differences of 1 to 63 of the least subnormal: halving 1 rounds to 0
+    m[ulps] = tiny * torch.rand(int(ulps.sum()), generator=g)
+    z[ulps] = m[ulps] - tiny * 2.0**-23 * torch.randint(1, 64, (int(ulps.sum()),), generator=g)
     big = torch.arange(n) % 8 == 2  # (z - max) 2^n log2(e) past the float range
     m[big] = 3e38
     z[big] = -3e38 * torch.rand(int(big.sum()), generator=g)
@@ -163,6 +165,7 @@ def test_exponent_scale_folds_exp_first_step_bit_for_bit(device):
     _folded_kernel[(triton.cdiv(n, 512),)](out, z.to(device), m.to(device), t.to(device), n, BLOCK=512,
                                            enable_fp_fusion=False)
     out = out.cpu()
+    assert (out >= 0).all(), "an entry left unwritten (every column is a non-negative float's bits or term)"
     scale = out[:, 0].to(torch.int32).view(torch.float32)
     bits = t.view(torch.int32)
     foldable = ((bits & 0x7FFFFF) == 0) & (t < 2.0**127)
