@@ -23,6 +23,7 @@ TOP_P_SCALE = tl.constexpr(16777216.0)  # 2^24: top_p and the acceptance uniform
 INDEX_MAX = tl.constexpr(2**31 - 1)
 RESIDUAL_PROPOSALS = tl.constexpr(16)  # reference/verify.py: proposals of a residual draw
 PURPOSE_PROPOSE = tl.constexpr(2)  # reference/philox.py
+LOG2E = tl.constexpr(1.4426950408889634)  # exp's first step (reference/repro_math.LOG2E), rounded to float32
 
 
 def _fma_rounded_once(self, x, y, z):
@@ -115,13 +116,13 @@ def exp_of_exponent(y):
 
 @triton.jit
 def repro_exp(x):
-    return exp_of_exponent(x * 1.4426950408889634)
+    return exp_of_exponent(x * LOG2E)
 
 
 @triton.jit
 def fixed_exp(x):
     """floor(repro_exp(x) 2^40) as int64, bit for bit, for x <= 0 or -inf."""
-    return fixed_exp_of_exponent(x * 1.4426950408889634)
+    return fixed_exp_of_exponent(x * LOG2E)
 
 
 @triton.jit
@@ -217,7 +218,7 @@ def exponent_scale(temperature):
     exponent = (bits >> 23) & 0xFF
     power_of_two = (bits > 0) & ((bits & 0x7FFFFF) == 0) & (exponent >= 1) & (exponent <= 253)
     inverse = ((254 - exponent) << 23).to(tl.float32, bitcast=True)
-    return tl.where(power_of_two, inverse * 1.4426950408889634, 0.0)
+    return tl.where(power_of_two, inverse * LOG2E, 0.0)
 
 
 @triton.jit
@@ -242,7 +243,7 @@ def fixed_weights(z, max_logit, temperature, kth, MULTIPLY: tl.constexpr, HAS_TO
     if MULTIPLY:
         y = (z - max_logit) * temperature
     else:
-        y = tl.math.div_rn(z - max_logit, temperature) * 1.4426950408889634
+        y = tl.math.div_rn(z - max_logit, temperature) * LOG2E
     if HAS_TOP_K:
         y = tl.where(z >= kth, y, float("-inf"))
     return fixed_exp_of_exponent(y)
