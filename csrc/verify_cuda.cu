@@ -152,7 +152,7 @@ __device__ int64_t screened_choice(
   const bool greedy = t == 0.f;
   // Pass 1's partials are read only past this point (a programmatic dependent launch).
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  const float scale = greedy ? 0.f : 1.4426950408889634f / t;
+  const float scale = greedy ? 0.f : repro::kLog2e / t;
   for (int64_t i = warp; i <= r.count; i += kWarps) {
     const StepStats st = combine_partials(part_max, part_arg, part_approx, b * width + i, splits, scale);
     if (lane == 0) {

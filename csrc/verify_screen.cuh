@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads) verify_row_partials_kernel(
   if (i > r.count) return;
   const scalar_t* row = i < r.count ? target + (r.start + i) * vocab : bonus + b * vocab;
   const float t = temperature[b];
-  const float scale = t == 0.f ? 0.f : 1.4426950408889634f / t;  // log2(e) / T; greedy: no sum
+  const float scale = t == 0.f ? 0.f : repro::kLog2e / t;  // log2(e) / T; greedy: no sum
   const int64_t lo = min(split * split_len, vocab), hi = min(lo + split_len, vocab);
   const bool vec = reinterpret_cast<uintptr_t>(row) % (4 * sizeof(scalar_t)) == 0;
   // Per thread: the max with strict > over entries in increasing order (its first index),

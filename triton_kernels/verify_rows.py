@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .launch import direct_launch
 from .ragged import draft_range
-from .verify_math import (FIXED_SCALE, INDEX_MAX, chain_launch, exponent_scale, fixed_weights, load_logits,
+from .verify_math import (FIXED_SCALE, INDEX_MAX, LOG2E, chain_launch, exponent_scale, fixed_weights, load_logits,
                           processed_weights)
 from .verify_search import marks_blocks, row_kth, row_p_min, top_k_initial
 from .verify_search_counts import live_list
@@ -220,7 +220,7 @@ def row_max_kernel(
             scale = 0.0
         else:
             temperature = tl.load(temperature_ptr + b)
-            scale = tl.where(temperature == 0.0, 0.0, 1.4426950408889634 / temperature)  # greedy: unused
+            scale = tl.where(temperature == 0.0, 0.0, LOG2E / temperature)  # greedy: unused
         if TESTS:
             end = tl.minimum(split_len, vocab - v_begin)
             first = _load_block(row_ptr + v_begin, tl.arange(0, BLOCK_V), end, True)

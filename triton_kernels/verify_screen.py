@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .launch import direct_launch
 from .ragged import draft_range
-from .verify_math import INDEX_MAX, acceptance_uniform, chain_launch, load_logits, weights
+from .verify_math import INDEX_MAX, LOG2E, acceptance_uniform, chain_launch, load_logits, weights
 from .verify_slots import request_params
 
 MARGIN = tl.constexpr(0.001953125)  # 2^-9: the screen's relative band around p'(x)
@@ -49,7 +49,7 @@ def _step_stats(part_max_ptr, part_arg_ptr, part_approx_ptr, slots, reachable, n
     if WITH_SUM:
         split_sum = tl.load(part_approx_ptr + offset, mask=mask, other=0.0)
         factor = tl.where(split_max == float("-inf"), 0.0,
-                          tl.exp2((split_max - best[:, None]) * (1.4426950408889634 / temperature)))
+                          tl.exp2((split_max - best[:, None]) * (LOG2E / temperature)))
         approx = tl.sum(split_sum * factor, axis=1)
     return best, argmax, approx
 
