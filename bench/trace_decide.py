@@ -54,6 +54,7 @@ REPLACES = [
     ("verify_decide.py", "    sum_splits,  # of the normaliser partials\n",
      "    sum_splits,  # of the normaliser partials\n    trace_ptr,\n"),
     ("verify.py", "**sum_flags, **first_sum_registers)", "trace_ptr=TRACE, **sum_flags, **first_sum_registers)"),
+    ("verify.py", "**sum_flags, **second_sum_registers)", "trace_ptr=TRACE, **sum_flags, **second_sum_registers)"),
     ("verify.py", "num_warps=DECIDE_WARPS, **exact,", "num_warps=DECIDE_WARPS, trace_ptr=TRACE, **exact,"),
     ("verify.py", "\ndef verify(\n", "\nTRACE = None\n\n\ndef verify(\n"),
     ("verify_sample.py", "def propose_residual(block_sums,", "def propose_residual(trace_row, block_sums,"),
@@ -148,7 +149,10 @@ def main() -> None:
         walked = []
         rounds = []
         for row in rows:
-            t0 = row[0].item()  # the normaliser's last program end
+            t0 = row[0].item()  # the normaliser's last program end (with top-p, its second pass's)
+            if t0 == 0:
+                raise RuntimeError(f"{label}: no exact normaliser ran (one request's one-launch path, or every "
+                                   "request greedy): trace a batch of two random requests or more")
             releases.append((t0 - row[1].item()) / 1e3)
             requests = row[8:].view(batch, 24)
             for k, s in enumerate(stages):
