@@ -473,8 +473,9 @@ def test_triton_first_normaliser_reads_the_marked_blocks(device, backend, marks,
         monkeypatch.setattr(triton_verify, name, value)
     real_empty = torch.empty  # buffers start as 0s: an unmarked block z1 read as marked would weigh nothing
     monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: real_empty(*args, **kwargs).zero_())
-    for seed in (41, 42):
-        assert_matches_reference(marked_inputs(seed), 3, device, backend)
+    # One row set: its construction already puts the k-th largest's block at each of the
+    # four loads (a second seed repeated that at twice the interpreter time).
+    assert_matches_reference(marked_inputs(41), 3, device, backend)
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
