@@ -141,17 +141,20 @@ def _peaked(inputs, vocab, edges, g):
 @pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
 @pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
 def test_triton_draw_across_blocks_matches_reference(ngram, with_top, monkeypatch):
-    """16-entry blocks (19 a row at V = 300) for the residual pass, 8-entry ones for the
-    normaliser's masses: the block sums of both, the proposals' search, and the scan inside
-    a block; mass on block edges (15/16, 31/32, the last
-    token) or spread over the row (CPU, interpreter)."""
+    """16-entry blocks (10 a row at V = 150, the last one partial) for the residual pass,
+    8-entry ones (19) for the normaliser's masses: the block sums of both, the proposals'
+    search, and the scan inside a block; mass on block edges (15/16, 31/32, the last token)
+    or spread over the row (CPU, interpreter: rows of 150 cross every kind of edge rows of
+    300 did, in fewer blocks for the searches' rounds to read)."""
     from specops.triton_kernels import verify as triton_verify
     from test_verify_ops import assert_matches_reference
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
                         ("MASS_BLOCK", 8)):
         monkeypatch.setattr(triton_verify, name, value)
-    vocab = 300
+    vocab = 150
+    # The residual pass: 3 programs of 64 entries a row (the last one 22).
+    assert triton_verify.wave_split_len(5, vocab, torch.device("cpu"), triton_verify.RESIDUAL_RESIDENT, 16) == 64
     for seed in range(2 if with_top else 3):  # with top-k/top-p: one spread and one peaked row set (CI time)
         g = torch.Generator().manual_seed(100 + seed)
         inputs = make_inputs([2, 0, 3, 1, 4], vocab, seed=seed, greedy_fraction=0.0, ngram=ngram, with_top=with_top)
