@@ -51,9 +51,18 @@ def test_grid_matches_reference(device, backend, dtype, ngram, vocab):
     assert_matches_reference(inputs, 5, device, backend)
 
 
+# With top-k/top-p the screen fixture's three forms run the same launches: the Triton
+# launcher takes exact normalisers of every row whatever its screen flags (exact_everywhere,
+# triton_kernels/verify.py) and the CUDA kernel's screened path takes unfiltered calls only
+# (screened_call, csrc/verify_cuda.cu). Filtered calls take one form.
+SCREEN_FORMS = ("screened", "screen-launch", "unscreened")
+SCREEN_AND_TOP = [pytest.param(form, False, id=f"{form}-plain") for form in SCREEN_FORMS]
+SCREEN_AND_TOP.append(pytest.param("screened", True, id="screened-top"))
+
+
 @pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("path", ["proposal", "direct"])
-@pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
+@pytest.mark.parametrize("screen,with_top", SCREEN_AND_TOP, indirect=["screen"])
 def test_residual_token_through_each_path_matches_reference(device, backend, path, with_top, screen, monkeypatch):
     """Random requests reject their first draft; their residual token comes from a kept
     proposal, or (q close to p) from the pass over the residual masses when all 16 fail:
@@ -149,6 +158,7 @@ def test_bad_arguments_raise_named_errors():
 
 @pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
+@pytest.mark.parametrize("screen", ["screened"], indirect=True)  # filtered inputs: one form (SCREEN_AND_TOP)
 def test_unvalidated_non_finite_logits_follow_the_documented_rule(device, backend, ngram, screen):
     """validate=False: NaN/inf logits count as -inf (probability 0), a row with none finite
     emits token 0; the kernel agrees with the reference and never crashes (tokens only:
@@ -192,8 +202,11 @@ def screen(request, monkeypatch):
 
 
 @pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
-@pytest.mark.parametrize("ngram,with_top", [(False, False), (True, False), (False, True)],
-                         ids=["draft", "ngram", "draft-top"])
+@pytest.mark.parametrize("screen,ngram,with_top",
+                         [pytest.param(form, ngram, False, id=f"{form}-{'ngram' if ngram else 'draft'}")
+                          for form in SCREEN_FORMS for ngram in (False, True)]
+                         + [pytest.param("screened", False, True, id="screened-draft-top")],  # one form (SCREEN_AND_TOP)
+                         indirect=["screen"])
 def test_without_logprobs_matches_reference(device, backend, ngram, with_top, screen):
     inputs = make_inputs([3, 0, 5, 1, 2, 4], 120, seed=31, ngram=ngram, greedy_fraction=0.3, with_top=with_top)
     assert_tokens_match_reference(inputs, 5, device, backend)
