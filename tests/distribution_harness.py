@@ -5,10 +5,14 @@ draft distributions, their exact laws, and one speculative step run from the ops
 from __future__ import annotations
 
 import enum
+import fcntl
 import functools
 import itertools
 import math
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -353,14 +357,40 @@ def _mode_inputs(s: Scenario, mode: Mode, copies: int, generator: torch.Generato
     return drafts, s.draft_probs[position:] if mode is Mode.DRAFT_MODEL else None
 
 
+def shared_by_workers(name: str, compute) -> torch.Tensor:
+    """``compute()``, computed once per test run by whichever pytest-xdist worker asks first
+    and read back by the others (the run's files, keyed by its id: never a stale result of
+    an earlier run); without xdist, simply ``compute()``. A failing ``compute`` stores nothing,
+    so every worker that asks fails the same way."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:
+        return compute()
+    path = Path(tempfile.gettempdir()) / f"specops-tests-{run_id}" / f"{name}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker computing it: wait for its result
+        if path.exists():
+            return torch.load(path)
+        value = compute()
+        torch.save(value, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+        return value
+
+
 @functools.cache
 def run(scenario_name: str, mode: Mode, device: str, backend: Backend) -> Run:
-    """One step from position 1, shared by the tests of one (scenario, mode, backend)."""
+    """One step from position 1, shared by the tests of one (scenario, mode, backend): the
+    interpreter's (tens of seconds) by the xdist workers too, not computed once by each
+    worker that runs one of them."""
     s = scenario(scenario_name)
     copies = num_copies(device, backend)
     generator = torch.Generator().manual_seed(1000 * list(Mode).index(mode) + s.vocab)
     drafts, draft_probs = _mode_inputs(s, mode, copies, generator, 0)
-    out = speculative_step(s.target_probs, draft_probs, drafts, generator, device, backend)
+
+    def step() -> torch.Tensor:
+        return speculative_step(s.target_probs, draft_probs, drafts, generator, device, backend)
+
+    out = shared_by_workers(f"step-{scenario_name}-{mode.value}", step) if interpreted(device, backend) else step()
     if mode is Mode.NGRAM_SAMPLED:
         return Run(None, drafts, out)
     if mode is Mode.NGRAM_FIXED:
