@@ -286,16 +286,16 @@ def test_triton_rows_split_across_programs(device, backend, with_top, monkeypatc
         assert_tokens_match_reference(inputs, 3, device, backend)
 
 
+# No kept-key buffers past SEARCH_KEPT_BYTES is the layout (0, -1) of a negative keep limit
+# (kept_layout, test_triton_kept_keys_layout_is_bounded): "never-keeps" runs its launches.
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
-@pytest.mark.parametrize("keep_limit,kept_rows,kept_bytes", [(-1, 16, None), (6, 16, None), (10**6, 1, None),
-                                                              (10**6, 16, None), (10**6, 16, 1)],
-                         ids=["never-keeps", "keeps-late", "lanes-overflow", "keeps-early", "over-byte-cap"])
+@pytest.mark.parametrize("keep_limit,kept_rows", [(-1, 16), (6, 16), (10**6, 1), (10**6, 16)],
+                         ids=["never-keeps", "keeps-late", "lanes-overflow", "keeps-early"])
 @pytest.mark.parametrize("tiny", [True, False], ids=["tiny-blocks", "default-blocks"])
-def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit, kept_rows, kept_bytes, tiny,
-                                                     monkeypatch):
-    """The top-k / top-p searches of splits that read their rows every round, keep their
-    interval's keys in a late or an early round, overflow a lane's column and read the row
-    again, or have no kept-key buffers at all (past SEARCH_KEPT_BYTES; verify_search.py):
+def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit, kept_rows, tiny, monkeypatch):
+    """The top-k / top-p searches of splits that read their rows every round (no kept-key
+    buffers at all, as past SEARCH_KEPT_BYTES), keep their interval's keys in a late or an
+    early round, or overflow a lane's column and read the row again (verify_search.py):
     the same thresholds, so the reference's tokens, counts and log-probabilities. Target
     rows continuous (a threshold off by one key changes z1, so the log-probabilities), bonus
     rows tied; k of 1, 5 and half the vocab (a threshold far below the max among logits one
@@ -304,8 +304,6 @@ def test_triton_threshold_search_keeps_interval_keys(device, backend, keep_limit
 
     monkeypatch.setattr(triton_verify, "SEARCH_KEEP_LIMIT", keep_limit)
     monkeypatch.setattr(triton_verify, "SEARCH_KEPT_ROWS", kept_rows)
-    if kept_bytes is not None:
-        monkeypatch.setattr(triton_verify, "SEARCH_KEPT_BYTES", kept_bytes)
     if tiny:  # rows of 300 in five programs of a 64-entry block each
         for name, value in (("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 16)):
             monkeypatch.setattr(triton_verify, name, value)
@@ -635,6 +633,7 @@ def test_triton_kept_keys_layout_is_bounded():
     assert triton_verify.kept_layout(640, 64128, 256) == (rows, limit)
     assert triton_verify.kept_layout(16, 2048, 256) == (8, limit)  # a lane meets 8 entries of a split
     assert triton_verify.kept_layout(4 << 20, 40, 256) == (0, -1)  # 2^20 requests, k = 3, V = 40
+    assert triton_verify.kept_layout(640, 64128, 256, wanted_limit=-1) == (0, -1)  # never keeps: the same layout
     assert triton_verify.kept_layout(640, 64128, 256, 2 * rows, 2 * limit) == (2 * rows, 2 * limit)  # top-p's own
     programs = cap // (256 * 4 * 8)  # room for 8 rows each
     assert triton_verify.kept_layout(programs, 64128, 256) == (8, limit * 8 // rows)
