@@ -158,12 +158,12 @@ def test_bad_arguments_raise_named_errors():
 
 @pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
-@pytest.mark.parametrize("screen", ["screened"], indirect=True)  # filtered inputs: one form (SCREEN_AND_TOP)
-def test_unvalidated_non_finite_logits_follow_the_documented_rule(device, backend, ngram, screen):
+@pytest.mark.parametrize("screen,with_top", SCREEN_AND_TOP, indirect=["screen"])
+def test_unvalidated_non_finite_logits_follow_the_documented_rule(device, backend, ngram, with_top, screen):
     """validate=False: NaN/inf logits count as -inf (probability 0), a row with none finite
-    emits token 0; the kernel agrees with the reference and never crashes (tokens only:
-    the screened paths too)."""
-    inputs = make_inputs([3, 2, 0], 16, seed=12, ngram=ngram, greedy_fraction=0.3)
+    emits token 0; the kernel agrees with the reference and never crashes (tokens only
+    without top-k/top-p: the screened paths and the screen's own launch too)."""
+    inputs = make_inputs([3, 2, 0], 16, seed=12, ngram=ngram, greedy_fraction=0.3, with_top=with_top)
     inputs["target_logits"][0, :5] = float("nan")
     inputs["target_logits"][1, :] = float("inf")
     inputs["target_logits"][3, 2] = float("-inf")
