@@ -390,7 +390,8 @@ def run(scenario_name: str, mode: Mode, device: str, backend: Backend) -> Run:
     def step() -> torch.Tensor:
         return speculative_step(s.target_probs, draft_probs, drafts, generator, device, backend)
 
-    out = shared_by_workers(f"step-{scenario_name}-{mode.value}", step) if interpreted(device, backend) else step()
+    name = f"step-{scenario_name}-{mode.value}-{device}-{backend.value}"  # the cache key of run() whole
+    out = shared_by_workers(name, step) if interpreted(device, backend) else step()
     if mode is Mode.NGRAM_SAMPLED:
         return Run(None, drafts, out)
     if mode is Mode.NGRAM_FIXED:
