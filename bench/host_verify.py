@@ -1,6 +1,7 @@
 """Where an eager specops.verify call spends its host time: each backend's eager call
 against its graph replay (the difference is host time; Triton's with launch.DIRECT off
-and on, in alternating rounds), then cProfile over eager calls of one backend. Usage (GPU):
+and on, in alternating rounds) and with the value checks (validate=True), then cProfile
+over eager calls of one backend. Usage (GPU):
 
     python bench/host_verify.py --shape 1:4:128256:random --backend triton
 """
@@ -43,6 +44,10 @@ def main() -> None:
                 eager_us = common.time_us(eager, device, iters=100)
                 how = "" if backend != "triton" else " (direct launches)" if direct else " (JITFunction.run)"
                 print(f"  eager{how} {eager_us:.1f} us", flush=True)
+        # With the value checks (validate=True, the default: one device sync a call).
+        def validated(backend=backend):
+            return specops.verify(*call, logprobs, backend=backend)
+        print(f"  eager, validate=True {common.time_us(validated, device, iters=100):.1f} us", flush=True)
 
     def calls():
         for _ in range(args.calls):

@@ -10,6 +10,8 @@ or compiling. The kernels never read or write out of bounds when they are skippe
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -183,39 +185,108 @@ def check_sample_recovered_tokens(
     return RaggedSizes(batch, num_tokens, vocab)
 
 
-# ---- value checks (one device sync on a GPU) ----
+# ---- value checks: statistics computed on the device, read in one sync ----
 
 
-def validate_cu_num_draft_tokens(cu_num_draft_tokens: torch.Tensor, num_tokens: int, max_spec_len: int | None) -> None:
+@dataclass(frozen=True)
+class ValueCheck:
+    """A value check: 0-d statistics computed on the device, and the host verdict on their
+    values (raises ValueError). ``validate`` reads the statistics of several checks in one
+    device sync."""
+
+    stats: tuple[torch.Tensor, ...]
+    verdict: Callable[[list[float]], None]
+
+
+def validate(*checks: ValueCheck | None) -> None:
+    """Runs ``checks`` (None: nothing to check) in order, their statistics read in one
+    device sync as float64 values: ints below 2^53 exactly (the counts and ids checked
+    here; a larger id stays past every vocab), floats of any dtype exactly."""
+    checks = tuple(c for c in checks if c is not None)
+    stats = [s for c in checks for s in c.stats]
+    if not stats:
+        return
+    # The first statistic as float64: the stack promotes the rest to it (one conversion).
+    values = torch.stack([stats[0].double(), *stats[1:]]).tolist()
+    at = 0
+    for check in checks:
+        check.verdict(values[at:at + len(check.stats)])
+        at += len(check.stats)
+
+
+def cu_num_draft_tokens_check(cu_num_draft_tokens: torch.Tensor, num_tokens: int,
+                              max_spec_len: int | None) -> ValueCheck | None:
     """cu_num_draft_tokens must be non-decreasing from >= 0, end at num_tokens, and no
     request may have more than max_spec_len drafts."""
     if cu_num_draft_tokens.numel() == 0:
         if num_tokens != 0:
             raise ValueError(f"cu_num_draft_tokens is empty but num_tokens = {num_tokens}")
-        return
+        return None
     cu = cu_num_draft_tokens.long()
-    counts = torch.diff(cu, prepend=cu.new_zeros(1))
-    stats = torch.stack([counts.min(), counts.max(), cu[-1]]).tolist()
-    min_count, max_count, last = stats
-    if min_count < 0:
-        raise ValueError("cu_num_draft_tokens must be non-decreasing and start at >= 0 (a request has a negative draft count)")
-    if last != num_tokens:
-        raise ValueError(
-            f"cu_num_draft_tokens is inconsistent with num_tokens: its last entry is {last}, num_tokens is {num_tokens}"
-        )
-    if max_spec_len is not None and max_count > max_spec_len:
-        raise ValueError(
-            f"max_spec_len is too small: a request has {max_count} drafts but output_token_ids has room for "
-            f"max_spec_len = {max_spec_len}"
-        )
+    stats = (cu[0], cu[-1], *(torch.aminmax(torch.diff(cu)) if cu.numel() > 1 else ()))
+
+    def verdict(values: list[float]) -> None:
+        first, last, *steps = values
+        min_count, max_count = min([first, *steps]), max([first, *steps])  # the first count is cu[0]
+        if min_count < 0:
+            raise ValueError(
+                "cu_num_draft_tokens must be non-decreasing and start at >= 0 (a request has a negative draft count)"
+            )
+        if last != num_tokens:
+            raise ValueError(
+                f"cu_num_draft_tokens is inconsistent with num_tokens: its last entry is {int(last)}, "
+                f"num_tokens is {num_tokens}"
+            )
+        if max_spec_len is not None and max_count > max_spec_len:
+            raise ValueError(
+                f"max_spec_len is too small: a request has {int(max_count)} drafts but output_token_ids has room "
+                f"for max_spec_len = {max_spec_len}"
+            )
+
+    return ValueCheck(stats, verdict)
 
 
-def validate_token_ids(ids: torch.Tensor, name: str, vocab: int) -> None:
+def token_ids_check(ids: torch.Tensor, name: str, vocab: int) -> ValueCheck | None:
+    """Every id of ``ids`` inside [0, vocab)."""
     if ids.numel() == 0:
-        return
-    lo, hi = torch.stack([ids.min(), ids.max()]).tolist()
-    if lo < 0 or hi >= vocab:
-        raise ValueError(f"{name} holds an id outside the vocab [0, {vocab}): min {lo}, max {hi}")
+        return None
+
+    def verdict(values: list[float]) -> None:
+        lo, hi = values
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"{name} holds an id outside the vocab [0, {vocab}): min {int(lo)}, max {int(hi)}")
+
+    return ValueCheck(tuple(torch.aminmax(ids)), verdict)
+
+
+def verify_values_check(target_logits, bonus_logits, temperature, top_p) -> ValueCheck:
+    """Finite logits (their min and max finite: NaN propagates to both) and sampling
+    parameters in range."""
+    named = [(name, t) for name, t in (("target_logits", target_logits), ("bonus_logits", bonus_logits))
+             if t.numel()]
+    stats = [s for _, t in named for s in torch.aminmax(t)]
+    if temperature is not None and temperature.numel():
+        stats.append(temperature.min())
+    if top_p is not None and top_p.numel():
+        stats.append(top_p.min())
+
+    def verdict(values: list[float]) -> None:
+        for i, (name, _) in enumerate(named):
+            if not (math.isfinite(values[2 * i]) and math.isfinite(values[2 * i + 1])):
+                raise ValueError(f"{name} holds NaN or inf")
+        rest = values[2 * len(named):]
+        if temperature is not None and temperature.numel():
+            if not rest.pop(0) >= 0:  # NaN fails too
+                raise ValueError("temperature must be >= 0 (0 means greedy)")
+        if top_p is not None and top_p.numel():
+            if not rest.pop(0) > 0:
+                raise ValueError("top_p must be > 0")
+
+    return ValueCheck(tuple(stats), verdict)
+
+
+def validate_cu_num_draft_tokens(cu_num_draft_tokens: torch.Tensor, num_tokens: int, max_spec_len: int | None) -> None:
+    validate(cu_num_draft_tokens_check(cu_num_draft_tokens, num_tokens, max_spec_len))
 
 
 def check_verify(
@@ -259,27 +330,6 @@ def check_verify(
     if max_spec_len < 0:
         raise ValueError(f"max_spec_len must be >= 0, got {max_spec_len}")
     return RaggedSizes(batch, num_tokens, vocab, max_spec_len + 1)
-
-
-def validate_verify_values(target_logits, bonus_logits, temperature, top_k, top_p) -> None:
-    """Finite logits and sampling parameters in range (one device sync on a GPU)."""
-    one = target_logits.new_ones((), dtype=torch.float32)
-    stats = torch.stack(
-        [
-            torch.isfinite(target_logits).all().float() if target_logits.numel() else one,
-            torch.isfinite(bonus_logits).all().float() if bonus_logits.numel() else one,
-            (temperature >= 0).all().float() if temperature is not None and temperature.numel() else one,
-            (top_p > 0).all().float() if top_p is not None and top_p.numel() else one,
-        ]
-    ).tolist()
-    if stats[0] < 1:
-        raise ValueError("target_logits holds NaN or inf")
-    if stats[1] < 1:
-        raise ValueError("bonus_logits holds NaN or inf")
-    if stats[2] < 1:
-        raise ValueError("temperature must be >= 0 (0 means greedy)")
-    if stats[3] < 1:
-        raise ValueError("top_p must be > 0")
 
 
 # ---- paged attention (mirror of csrc/attention_checks.cpp) ----

@@ -127,8 +127,14 @@ def test_opcheck_and_compile(device, backend):
         assert torch.equal(g, e)
 
 
-def test_bad_arguments_raise_named_errors():
-    inputs = make_inputs([2, 3], 30, seed=2)
+VALIDATING_DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_gpu])]
+
+
+@pytest.mark.parametrize("device", VALIDATING_DEVICES)
+def test_bad_arguments_raise_named_errors(device):
+    inputs = on(make_inputs([2, 3], 30, seed=2), device)
+    nan, inf = float("nan"), float("inf")
+    cu = inputs["cu_num_draft_tokens"]
     cases = [
         (dict(target_logits=inputs["target_logits"].double()), TypeError, "target_logits"),
         (dict(bonus_logits=inputs["bonus_logits"].half()), TypeError, "bonus_logits"),
@@ -138,22 +144,70 @@ def test_bad_arguments_raise_named_errors():
         (dict(seeds=inputs["seeds"].int()), TypeError, "seeds"),
         (dict(positions=inputs["positions"][:1]), ValueError, "positions"),
         (dict(top_k=inputs["top_k"].long()), TypeError, "top_k"),
-        (dict(cu_num_draft_tokens=inputs["cu_num_draft_tokens"] + 1), ValueError, "cu_num_draft_tokens"),
-        (dict(draft_token_ids=inputs["draft_token_ids"] + 30), ValueError, "draft_token_ids"),
-        (dict(temperature=-inputs["temperature"] - 1), ValueError, "temperature"),
-        (dict(top_p=inputs["top_p"] * 0), ValueError, "top_p"),
-        (dict(target_logits=inputs["target_logits"].index_fill(1, torch.tensor([3]), float("nan"))), ValueError,
-         "NaN"),
     ]
-    for override, error, words in cases:
+    # Values (validate=True: read in one device sync), each message with its numbers.
+    value_cases = [
+        (dict(cu_num_draft_tokens=cu + 1), ValueError, "its last entry is 6, num_tokens is 5"),
+        (dict(cu_num_draft_tokens=cu * torch.tensor([-1, 1], dtype=torch.int32, device=device)), ValueError,
+         "negative draft count"),
+        (dict(draft_token_ids=inputs["draft_token_ids"] + 30), ValueError,
+         r"draft_token_ids holds an id outside the vocab \[0, 30\): min 3\d, max \d\d"),
+        (dict(draft_token_ids=inputs["draft_token_ids"] - 30), ValueError, "draft_token_ids holds an id"),
+        (dict(temperature=-inputs["temperature"] - 1), ValueError, "temperature must be >= 0"),
+        (dict(temperature=inputs["temperature"].index_fill(0, torch.tensor([1], device=device), nan)), ValueError,
+         "temperature must be >= 0"),
+        (dict(top_p=inputs["top_p"] * 0), ValueError, "top_p must be > 0"),
+        (dict(top_p=inputs["top_p"].index_fill(0, torch.tensor([0], device=device), nan)), ValueError,
+         "top_p must be > 0"),
+        (dict(target_logits=inputs["target_logits"].index_fill(1, torch.tensor([3], device=device), nan)),
+         ValueError, "target_logits holds NaN"),
+        (dict(target_logits=inputs["target_logits"].index_fill(1, torch.tensor([29], device=device), -inf)),
+         ValueError, "target_logits holds NaN or inf"),
+        (dict(bonus_logits=inputs["bonus_logits"].index_fill(1, torch.tensor([0], device=device), inf)),
+         ValueError, "bonus_logits holds NaN or inf"),
+        (dict(bonus_logits=inputs["bonus_logits"].bfloat16(), target_logits=inputs["target_logits"].bfloat16()
+              .index_fill(1, torch.tensor([7], device=device), nan)), ValueError, "target_logits holds NaN"),
+        # Two bad values: the checks' order decides which is named.
+        (dict(cu_num_draft_tokens=cu + 1, target_logits=inputs["target_logits"] * nan), ValueError,
+         "cu_num_draft_tokens"),
+        (dict(draft_token_ids=inputs["draft_token_ids"] + 30, top_p=inputs["top_p"] * 0), ValueError,
+         "draft_token_ids"),
+    ]
+    for override, error, words in cases + value_cases:
         args = {**inputs, **override}
         with pytest.raises(error, match=words):
             specops.verify(*args.values(), 3)
-    with pytest.raises(ValueError, match="max_spec_len"):
+    for override, _, _ in value_cases:  # unvalidated, the kernels take them (and stay in bounds)
+        specops.verify(*{**inputs, **override}.values(), 3, validate=False)
+    with pytest.raises(ValueError, match="max_spec_len is too small: a request has 3 drafts"):
         specops.verify(*inputs.values(), 2)
+    # One request (cu_num_draft_tokens of one entry) and one with no drafts.
+    one = on(make_inputs([3], 30, seed=4), device)
+    specops.verify(*one.values(), 3)
+    with pytest.raises(ValueError, match="max_spec_len is too small: a request has 3 drafts"):
+        specops.verify(*one.values(), 2)
+    with pytest.raises(ValueError, match="its last entry is 4, num_tokens is 3"):
+        specops.verify(*{**one, "cu_num_draft_tokens": one["cu_num_draft_tokens"] + 1}.values(), 3)
+    specops.verify(*on(make_inputs([0], 30, seed=5), device).values(), 3)
     # Shape and dtype errors come from the kernel's launcher too, without the Python layer.
     with pytest.raises((TypeError, RuntimeError), match="temperature must be Float"):
         torch.ops.specops.verify(*{**inputs, "temperature": inputs["temperature"].double()}.values(), 3)
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_validation_syncs_the_device_once():
+    """validate=True reads every value check's statistics in one device sync."""
+    inputs = on(make_inputs([2, 3], 30, seed=2), "cuda")
+    specops.verify(*inputs.values(), 3)  # compiled and allocated
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with pytest.warns(UserWarning, match="synchroniz") as warned:
+            specops.verify(*inputs.values(), 3)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len([w for w in warned if "synchroniz" in str(w.message)]) == 1
 
 
 @pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
