@@ -1,7 +1,7 @@
 """Where an eager specops.verify call spends its host time: each backend's eager call
-against its graph replay (the difference is host time; Triton's with launch.DIRECT off
-and on, in alternating rounds) and with the value checks (validate=True), then cProfile
-over eager calls of one backend. Usage (GPU):
+against its graph replay (the difference is host time; Triton's through JITFunction.run,
+launched directly and replayed from plans, in alternating rounds) and with the value
+checks (validate=True), then cProfile over eager calls of one backend. Usage (GPU):
 
     python bench/host_verify.py --shape 1:4:128256:random --backend triton
 """
@@ -11,13 +11,27 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import time
 
 import torch
 from ab_verify import graph_of, shape_call
 
 import common
 import specops
-from specops.triton_kernels import launch
+from specops.triton_kernels import launch, launch_plan
+
+
+def host_us(fn, calls: int = 40) -> float:
+    """Host time of one call: ``calls`` calls queued behind a sleep kernel (the GPU never
+    waits on the host and the host never waits on the GPU), wall time / calls."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
 
 
 def main() -> None:
@@ -36,14 +50,16 @@ def main() -> None:
         replay = graph_of(eager).replay
         replay_us = common.time_us(replay, device, iters=100)
         print(f"{label} {backend}: graph replay {replay_us:.1f} us", flush=True)
-        # Eager, the Triton kernels launched through JITFunction.run and directly
-        # (launch.DIRECT), in alternating rounds.
+        # Eager, the Triton kernels launched through JITFunction.run, directly (launch.DIRECT),
+        # and replayed from plans (launch_plan.ENABLED), in alternating rounds.
+        forms = ((False, False), (True, False), (True, True)) if backend == "triton" else ((True, True),)
         for _ in range(3 if backend == "triton" else 1):
-            for direct in ((False, True) if backend == "triton" else (True,)):
-                launch.DIRECT = direct
+            for direct, planned in forms:
+                launch.DIRECT, launch_plan.ENABLED = direct, planned
                 eager_us = common.time_us(eager, device, iters=100)
-                how = "" if backend != "triton" else " (direct launches)" if direct else " (JITFunction.run)"
-                print(f"  eager{how} {eager_us:.1f} us", flush=True)
+                how = ("" if backend != "triton" else " (plans)" if planned else " (direct launches)" if direct
+                       else " (JITFunction.run)")
+                print(f"  eager{how} {eager_us:.1f} us, host {host_us(eager):.1f} us", flush=True)
         # With the value checks (validate=True, the default: one device sync a call).
         def validated(backend=backend):
             return specops.verify(*call, logprobs, backend=backend)

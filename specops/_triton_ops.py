@@ -19,6 +19,12 @@ def _require_runnable(device: torch.device) -> None:
         )
 
 
+def _check_verify(*args) -> None:
+    """verify's checks (skipped by a replayed plan: its key is a call's that passed them)."""
+    _checks.check_verify(*args[:11])
+    _require_runnable(args[0].device)
+
+
 def register() -> None:
     from specops.triton_kernels import sampling as kernels
     from specops.triton_kernels import attention as attention_kernels
@@ -86,11 +92,9 @@ def register() -> None:
         target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
         seeds, positions, max_spec_len, return_logprobs=False,
     ):
-        args = (target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k,
-                top_p, seeds, positions, max_spec_len)
-        _checks.check_verify(*args)
-        _require_runnable(target_logits.device)
-        return verify_kernels.verify(*args, return_logprobs)
+        return verify_kernels.verify(
+            target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
+            seeds, positions, max_spec_len, return_logprobs, check=_check_verify)
 
     @impl("reshape_and_cache")
     def _reshape_and_cache(key, value, key_cache, value_cache, slot_mapping):

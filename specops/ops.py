@@ -32,19 +32,20 @@ NO_CUDA_KERNEL = (Backend.CUDA,)
 CUDA_VERIFY_MAX_VOCAB = 16 * 96 * 1024 // 4
 # Logits (target and bonus rows x vocab) from which an eager verify call runs the Triton
 # kernel by default: its GPU time, below the CUDA kernel's, then outweighs its host time
-# (~0.33-0.75 ms of launches, ~1-2.5 ms with top-k / top-p, varying 2x between processes
-# and between rounds of one). bench/eager_crossover.py (H100, k=4, V=128256, random; Mi =
-# 2^20 logits; the backends in turn over 5 rounds in one process; four processes, two on
-# 2026-11-26, two on 2026-11-27), CUDA µs / the Triton medians of the four: tokens only
-# 398 / 344, 563, 737, 730 at 127 Mi, 455 / 344, 363, 497, 748 at 157 Mi, 597 / 420 at
-# 196 Mi (the fourth only); with log-probabilities 338-358 / 328, 344, 789, 923 at 59 Mi,
-# 454-475 / 340, 482, 544, 410 at 78 Mi; with top-k 50 and top-p 0.9 1481 / 1017, 1945,
-# 2435, 2528 at 39 Mi, 2120 / 1260, 1267, 2402, 1387 at 59 Mi. The CUDA kernel's time is
-# its GPU time, the same in every process. Each threshold sits between the measured sizes
-# where the Triton call wins in most processes and where it loses in most.
-TRITON_EAGER_MIN_LOGITS = 128 << 20
-TRITON_EAGER_MIN_LOGITS_LOGPROBS = 64 << 20
-TRITON_EAGER_MIN_LOGITS_FILTERED = 48 << 20
+# (~0.1 ms a call replayed from a plan, triton_kernels/launch_plan.py: the first two calls
+# of each set of shapes take longer, and the host's speed varies between rounds).
+# bench/eager_crossover.py (H200, 2026-12-01, k=4, V=128256, random; Mi = 2^20 logits; the
+# backends in turn over 5 rounds in one process), CUDA µs / Triton medians (rounds): tokens
+# only 48 / 81 at 0.6 Mi, 123 / 104 (98-111) at 39 Mi, 189 / 120 at 59 Mi, 353 / 188 at
+# 127 Mi, and in a run before the plans skipped the argument checks (~30 µs more host
+# time) 79 / 181 at 20 Mi and 115 / 180 at 29 Mi; with log-probabilities 124 / 139 (112-174) at 20 Mi, 163 /
+# 134 at 29 Mi, 219 / 146 at 39 Mi; with top-k 50 and top-p 0.9 190 / 209 at 2.4 Mi, 211 /
+# 214 at 4.9 Mi, 354 / 210 at 7.3 Mi, 762 / 230 at 20 Mi. The CUDA kernel's time is its GPU
+# time; each threshold sits between a size where the CUDA call wins or ties and one where
+# the Triton call wins in every round.
+TRITON_EAGER_MIN_LOGITS = 36 << 20
+TRITON_EAGER_MIN_LOGITS_LOGPROBS = 24 << 20
+TRITON_EAGER_MIN_LOGITS_FILTERED = 6 << 20
 
 
 def triton_faster_eagerly(num_logits: int, filtered: bool, return_logprobs: bool = False) -> bool:
@@ -295,8 +296,8 @@ def verify(
     reference. On CUDA tensors the default is the CUDA kernel (the faster one called
     eagerly on small calls: the Triton launch costs more host time), and the Triton kernel
     while a CUDA graph is being captured (replayed, it is faster: bench/NOTES.md), for
-    calls of many logits (``triton_faster_eagerly``: from 128 Mi logits, 56 Mi with
-    log-probabilities, 32 Mi with top-k or top-p), for a larger vocabulary and on an older GPU.
+    calls of many logits (``triton_faster_eagerly``: from 36 Mi logits, 24 Mi with
+    log-probabilities, 6 Mi with top-k or top-p), for a larger vocabulary and on an older GPU.
     """
     device = target_logits.device
     # The default skips the CUDA kernel where it cannot run (vocabulary, GPU) and where

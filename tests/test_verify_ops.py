@@ -823,18 +823,14 @@ def test_eager_default_steers_to_triton_by_logits():
     """The eager default's crossover (specops.ops.TRITON_EAGER_MIN_LOGITS): the bench's
     shapes on either side of it, as measured (specops/ops.py)."""
     rows = lambda batch, k: batch * (k + 1)  # noqa: E731 (target and bonus rows)
-    assert not specops.ops.triton_faster_eagerly(rows(64, 4) * 128256, filtered=False)
-    assert not specops.ops.triton_faster_eagerly(rows(64, 8) * 151936, filtered=False)  # the CUDA screened path
-    assert specops.ops.triton_faster_eagerly(rows(64, 8) * 151936, filtered=False, return_logprobs=True)
-    assert specops.ops.triton_faster_eagerly(rows(256, 4) * 128256, filtered=False)
-    assert not specops.ops.triton_faster_eagerly(rows(208, 4) * 128256, filtered=False)  # 127 Mi: 398 / 344-737 µs
-    assert not specops.ops.triton_faster_eagerly(rows(64, 4) * 128256, filtered=False, return_logprobs=True)
-    assert not specops.ops.triton_faster_eagerly(rows(96, 4) * 128256, filtered=False, return_logprobs=True)  # 59 Mi
-    assert specops.ops.triton_faster_eagerly(rows(128, 4) * 128256, filtered=False, return_logprobs=True)  # 78 Mi
-    assert not specops.ops.triton_faster_eagerly(rows(16, 4) * 128256, filtered=True)
-    assert not specops.ops.triton_faster_eagerly(rows(64, 4) * 128256, filtered=True)  # 39 Mi: 1481 / 1017-2528
-    assert specops.ops.triton_faster_eagerly(rows(96, 4) * 128256, filtered=True)  # 59 Mi: 2120 / 1260-2402
-
+    assert not specops.ops.triton_faster_eagerly(rows(1, 4) * 128256, filtered=False)
+    assert not specops.ops.triton_faster_eagerly(rows(48, 4) * 128256, filtered=False)  # 29 Mi: 115 / 180 µs
+    assert specops.ops.triton_faster_eagerly(rows(64, 4) * 128256, filtered=False)  # 39 Mi: 123 / 104
+    assert specops.ops.triton_faster_eagerly(rows(64, 8) * 151936, filtered=False)
+    assert not specops.ops.triton_faster_eagerly(rows(32, 4) * 128256, filtered=False, return_logprobs=True)  # 20 Mi
+    assert specops.ops.triton_faster_eagerly(rows(48, 4) * 128256, filtered=False, return_logprobs=True)  # 29 Mi
+    assert not specops.ops.triton_faster_eagerly(rows(8, 4) * 128256, filtered=True)  # 4.9 Mi: 211 / 214
+    assert specops.ops.triton_faster_eagerly(rows(12, 4) * 128256, filtered=True)  # 7.3 Mi: 354 / 210
 
 @pytest.mark.gpu
 @requires_gpu

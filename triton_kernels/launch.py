@@ -6,6 +6,8 @@ import functools
 
 import torch
 
+from . import launch_plan
+
 
 @functools.cache
 def _properties(index: int):
@@ -94,7 +96,8 @@ class DirectLaunch:
         return functools.partial(self.launch, grid)
 
     def launch(self, grid, *args, **kwargs):
-        if not DIRECT or callable(grid) or self.fn.pre_run_hooks or _observed():
+        if not DIRECT or callable(grid) or self.fn.pre_run_hooks or observed():
+            launch_plan.report_slow_launch()
             return self.fn[grid](*args, **kwargs)
         device = torch.cuda.current_device()
         bound, specialization, options = self.fn.device_caches[device][4](*args, **kwargs)
@@ -102,20 +105,24 @@ class DirectLaunch:
             key = (device, *specialization, *options.items())
             kernel = self.kernels.get(key)
         except TypeError:  # an unhashable constexpr: no direct launch
+            launch_plan.report_slow_launch()
             return self.fn[grid](*args, **kwargs)
         if kernel is None:
+            launch_plan.report_slow_launch()
             kernel = self.fn[grid](*args, **kwargs)
             if kernel is not None and not hasattr(kernel, "result"):  # not an asynchronous compile
                 self.kernels[key] = kernel
             return kernel
         grid_1 = grid[1] if len(grid) > 1 else 1
         grid_2 = grid[2] if len(grid) > 2 else 1
+        values = tuple(bound.values())
         kernel.run(grid[0], grid_1, grid_2, torch._C._cuda_getCurrentRawStream(device), kernel.function,
-                   kernel.packed_metadata, None, None, None, *bound.values())
+                   kernel.packed_metadata, None, None, None, *values)
+        launch_plan.report_launch(kernel, (grid[0], grid_1, grid_2), values)
         return kernel
 
 
-def _observed() -> bool:
+def observed() -> bool:
     """Whether Triton's launch hooks, debug or instrumentation knobs are set: JITFunction.run
     serves them."""
     from triton import knobs

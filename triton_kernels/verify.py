@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import torch
 
+from . import launch_plan
 from .launch import cdiv, has_pdl, multiprocessor_count, next_power_of_2
 from .verify_decide import decide_kernel
 from .verify_rows import fixed_sum_kernel, row_max_kernel
@@ -255,7 +256,7 @@ def seed_bins_for(num_splits: int, block_s: int, entries: int) -> tuple[int, int
     return fine, (coarse if coarse < fine else 0)
 
 
-def verify(
+def launch_verify(
     target_logits,  # [num_tokens, vocab] float32 | bfloat16 | float16
     bonus_logits,  # [batch, vocab]
     draft_token_ids,  # [num_tokens] int32 | int64
@@ -269,15 +270,17 @@ def verify(
     max_spec_len,
     return_logprobs=False,
 ):
-    """Launcher; arguments already validated (specops/_checks.py)."""
+    """Launcher; arguments already validated (specops/_checks.py). ``verify`` replays its
+    eager calls from plans (launch_plan.py): allocate through launch_plan.output and
+    launch_plan.workspace."""
     batch, vocab = bonus_logits.shape
     num_tokens = target_logits.shape[0]
     width = max_spec_len + 1
     device = target_logits.device
     # No fills: the screen and the decisions write every entry of these (padding included).
-    out = torch.empty((batch, width), dtype=torch.int32, device=device)
-    num_accepted = torch.empty(batch, dtype=torch.int32, device=device)
-    logprobs = torch.empty((batch, width) if return_logprobs else (0, 0), dtype=torch.float32, device=device)
+    out = launch_plan.output((batch, width), torch.int32, device)
+    num_accepted = launch_plan.output((batch,), torch.int32, device)
+    logprobs = launch_plan.output((batch, width) if return_logprobs else (0, 0), torch.float32, device)
     if batch == 0:
         return out, num_accepted, logprobs
     # No temperature: every request greedy, which ignores top-k and top-p. Without
@@ -325,7 +328,7 @@ def verify(
     seed_bins, seed_coarse = seed_bins_for(num_splits, block_s, min(split_len, vocab)) if has_top_k else (0, 0)
 
     def empty(*shape, dtype):
-        return torch.empty(shape, dtype=dtype, device=device)
+        return launch_plan.workspace(shape, dtype, device)
 
     part_max = empty(num_slots, num_splits, dtype=torch.float32)
     part_bins = empty(num_slots, num_splits, seed_bins + seed_coarse, dtype=torch.float32) if seed_bins else part_max
@@ -490,3 +493,12 @@ def verify(
         num_warps=RESIDUAL_WARPS, maxnreg=RESIDUAL_MAX_REGISTERS, **exact,
     )
     return out, num_accepted, logprobs
+
+
+# Eager calls replayed from plans of the launches above (launch_plan.py), while the
+# launcher's modules hold the attributes they were imported with.
+verify = launch_plan.planned(launch_verify)
+for _module in ("launch", "verify_math", "verify_slots", "verify_rows", "verify_unscreened", "verify_search",
+                "verify_search_counts", "verify_search_finish", "verify_screen", "verify_decide", "verify_sample",
+                "verify"):
+    launch_plan.track(f"{__package__}.{_module}")

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch_plan
 from .launch import direct_launch
 from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, exponent_scale, exact_test, load_logits
 from .verify_rows import block_masses, mass_tile
@@ -63,8 +64,8 @@ def row_counters(device: torch.device, num_slots: int) -> torch.Tensor | None:
                 return None
             counters = spares.pop()
         else:
-            fresh = torch.zeros(1 + SPARE_BUFFERS - len(spares), 4 * COUNTER_SLOTS.value, dtype=torch.int32,
-                                device=device)
+            fresh = launch_plan.persistent(torch.zeros(1 + SPARE_BUFFERS - len(spares), 4 * COUNTER_SLOTS.value,
+                                                       dtype=torch.int32, device=device))
             if device.type == "cuda":
                 stream.synchronize()  # once a buffer: zero before any stream, or a later graph, uses it
             counters, *more = fresh.unbind(0)

@@ -1,0 +1,204 @@
+"""Eager Triton verify calls replayed from plans (triton_kernels/launch_plan.py): on the
+CPU, the tracked modules switch plans off while an attribute differs from its import; on a
+GPU, replays on fresh inputs equal the launcher's own launches bit for bit on every path
+(screened, one launch, n-gram, greedy, top-k / top-p with log-probabilities, bf16),
+misaligned inputs and another stream take plans of their own, a key whose launcher
+allocates outside the plan is never replayed, and monkeypatched constants, launch hooks
+and graph capture run the launcher."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from conftest import capture, requires_gpu
+from verify_inputs import make_inputs
+
+from specops.triton_kernels import launch_plan
+from specops.triton_kernels import verify as triton_verify
+
+
+def test_tracked_modules_switch_plans_off_while_changed(monkeypatch):
+    assert launch_plan.plans_active()
+    monkeypatch.setattr(triton_verify, "PDL", not triton_verify.PDL)
+    assert not launch_plan.plans_active()
+    monkeypatch.undo()
+    assert launch_plan.plans_active()
+    monkeypatch.setattr(triton_verify, "PDL", triton_verify.PDL)  # its own value again
+    assert launch_plan.plans_active()
+    monkeypatch.setattr(triton_verify, "A_NEW_NAME", 1, raising=False)
+    assert not launch_plan.plans_active()
+    monkeypatch.undo()  # deleted again
+    assert launch_plan.plans_active()
+    from specops.triton_kernels import verify_unscreened
+
+    monkeypatch.setattr(verify_unscreened, "_COUNTERS", {})
+    assert not launch_plan.plans_active()
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors run under the interpreter")
+def test_cpu_calls_run_the_launcher(monkeypatch):
+    calls = []
+    monkeypatch.setattr(launch_plan._Plan, "replay", lambda *a: calls.append(a))
+    inputs = make_inputs([2, 3], 40, seed=1, with_top=False)
+    for _ in range(3):
+        triton_verify.verify(*inputs.values(), 3, False)
+    assert not calls
+
+
+def _cuda(inputs):
+    return {k: v.cuda() if v is not None else None for k, v in inputs.items()}
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """The replays of plans from now on, counted; plans recorded before are dropped."""
+    counted = []
+    real = launch_plan._Plan.replay
+
+    def replay(self, *args):
+        counted.append(self)
+        return real(self, *args)
+
+    monkeypatch.setattr(launch_plan._Plan, "replay", replay)
+    triton_verify.verify.plans.clear()
+    yield counted
+    triton_verify.verify.plans.clear()
+
+
+# (draft counts, vocab, make_inputs options, no temperature, log-probabilities)
+CASES = {
+    "screened": ([4] * 40, 4096, {"with_top": False}, False, False),
+    "one-launch": ([4], 3000, {"with_top": False}, False, False),
+    "ngram-bf16": ([3, 0, 4, 2, 4, 1, 4, 4], 5000, {"with_top": False, "ngram": True, "dtype": torch.bfloat16},
+                   False, False),
+    "top-k-top-p-logprobs": ([2, 4, 1, 3], 2000, {"greedy_fraction": 0.0}, False, True),
+    "greedy": ([4, 2, 3, 0, 1, 4], 1000, {"with_top": False}, True, False),
+    "fp16-int64-ids": ([4, 4, 4], 2500, {"with_top": False, "dtype": torch.float16, "id_dtype": torch.int64},
+                       False, False),
+}
+
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(CASES))
+def test_replays_equal_the_launcher(case, replays):
+    counts, vocab, options, no_temperature, logprobs = CASES[case]
+    for call in range(5):  # fresh inputs (new pointers and values) every call
+        inputs = _cuda(make_inputs(counts, vocab, seed=100 + call, **options))
+        if no_temperature:
+            inputs["temperature"] = None
+        got = triton_verify.verify(*inputs.values(), 4, logprobs)
+        want = triton_verify.launch_verify(*inputs.values(), 4, logprobs)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            assert torch.equal(g, w), (case, call)
+    assert len(replays) >= 3, "the calls after the recorded one replay its plan"
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_misaligned_inputs_and_other_streams_take_their_own_plans(replays):
+    counts, vocab = [4, 3, 4], 1000
+
+    def misaligned(x):  # the same values one element into a fresh buffer: no longer 16-byte aligned
+        buffer = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+        view = buffer[1:].view(x.shape)
+        view.copy_(x)
+        return view
+
+    side = torch.cuda.Stream()
+    for call in range(4):
+        inputs = _cuda(make_inputs(counts, vocab, seed=7 + call, with_top=False))
+        moved = {**inputs, "target_logits": misaligned(inputs["target_logits"])}
+        assert moved["target_logits"].data_ptr() % 16 != 0
+        for args in (inputs, moved):
+            want = triton_verify.launch_verify(*args.values(), 4, False)
+            assert all(torch.equal(g, w) for g, w in zip(triton_verify.verify(*args.values(), 4, False), want))
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            got = triton_verify.verify(*inputs.values(), 4, False)
+        torch.cuda.current_stream().wait_stream(side)
+        assert all(torch.equal(g, w) for g, w in zip(got, triton_verify.launch_verify(*inputs.values(), 4, False)))
+    keys = [k for k, plan in triton_verify.verify.plans.items() if isinstance(plan, launch_plan._Plan)]
+    assert len(keys) == 3  # aligned, misaligned, and the side stream
+    assert len(replays) >= 6
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_allocations_outside_the_plan_are_never_replayed(replays):
+    # No temperature with log-probabilities: the launcher fills a zero temperature itself.
+    for call in range(4):
+        inputs = _cuda(make_inputs([3, 2], 800, seed=30 + call, with_top=False))
+        inputs["temperature"] = None
+        got = triton_verify.verify(*inputs.values(), 3, True)
+        want = triton_verify.launch_verify(*inputs.values(), 3, True)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert not replays
+    assert list(triton_verify.verify.plans.values()) == [launch_plan._UNPLANNED]
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_changed_constants_hooks_and_capture_run_the_launcher(replays, monkeypatch):
+    import triton
+
+    counts, vocab = [4, 4], 2048
+
+    def fresh(seed):
+        return _cuda(make_inputs(counts, vocab, seed=seed, with_top=False))
+
+    for seed in range(3):  # recorded, then replayed
+        triton_verify.verify(*fresh(seed).values(), 4, False)
+    assert len(replays) == 1
+    # A launch constant changed: the launcher runs (and still computes what the plan would).
+    monkeypatch.setattr(triton_verify, "SUM_RESIDENT", triton_verify.SUM_RESIDENT + 1)
+    inputs = fresh(10)
+    got = triton_verify.verify(*inputs.values(), 4, False)
+    assert len(replays) == 1
+    monkeypatch.undo()
+    assert all(torch.equal(g, w) for g, w in zip(got, triton_verify.launch_verify(*inputs.values(), 4, False)))
+    # A launch hook sees every launch.
+    seen = []
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: seen.append(a))
+    triton_verify.verify(*fresh(11).values(), 4, False)
+    assert seen and len(replays) == 1
+    monkeypatch.undo()
+    # A CUDA graph captures the launcher's launches; its replays read fresh inputs.
+    static = fresh(12)
+    graph, outputs = capture(lambda: triton_verify.verify(*static.values(), 4, False))
+    assert len(replays) == 1
+    for seed in (13, 14):
+        new = fresh(seed)
+        for name, value in new.items():
+            if value is not None:
+                static[name].copy_(value)
+        graph.replay()
+        want = triton_verify.launch_verify(*new.values(), 4, False)
+        assert all(torch.equal(g, w) for g, w in zip(outputs, want))
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_bad_arguments_raise_after_plans_exist(replays):
+    """A replay skips the arguments' checks only for a key that passed them: the same shapes
+    non-contiguous, of another dtype or on another device still raise, named."""
+    inputs = _cuda(make_inputs([4, 4], 512, seed=40, with_top=False))
+    for _ in range(3):
+        torch.ops.specops_triton.verify(*inputs.values(), 4, False)
+    assert len(replays) == 1
+    strided = torch.empty(512, 8, device="cuda").t()  # [8, 512] with strides (1, 8)
+    strided.copy_(inputs["target_logits"])
+    assert strided.shape == inputs["target_logits"].shape and not strided.is_contiguous()
+    cases = [
+        (dict(target_logits=strided), ValueError, "target_logits must be contiguous"),
+        (dict(seeds=inputs["seeds"].int()), TypeError, "seeds"),
+        (dict(positions=inputs["positions"].cpu()), ValueError, "positions must be on the same device"),
+        (dict(temperature=inputs["temperature"][:1].expand(2)), ValueError, "temperature must be contiguous"),
+    ]
+    for override, error, words in cases:
+        with pytest.raises(error, match=words):
+            torch.ops.specops_triton.verify(*{**inputs, **override}.values(), 4, False)
+    assert len(replays) == 1
