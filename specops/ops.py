@@ -35,14 +35,14 @@ CUDA_VERIFY_MAX_VOCAB = 16 * 96 * 1024 // 4
 # (~0.1 ms a call replayed from a plan, triton_kernels/launch_plan.py: the first two calls
 # of each set of shapes take longer, and the host's speed varies between rounds).
 # bench/eager_crossover.py (H200, 2026-12-01, k=4, V=128256, random; Mi = 2^20 logits; the
-# backends in turn over 5 rounds in one process), CUDA µs / Triton medians (rounds): tokens
-# only 48 / 81 at 0.6 Mi, 123 / 104 (98-111) at 39 Mi, 189 / 120 at 59 Mi, 353 / 188 at
-# 127 Mi, and in a run before the plans skipped the argument checks (~30 µs more host
-# time) 79 / 181 at 20 Mi and 115 / 180 at 29 Mi; with log-probabilities 124 / 139 (112-174) at 20 Mi, 163 /
-# 134 at 29 Mi, 219 / 146 at 39 Mi; with top-k 50 and top-p 0.9 190 / 209 at 2.4 Mi, 211 /
-# 214 at 4.9 Mi, 354 / 210 at 7.3 Mi, 762 / 230 at 20 Mi. The CUDA kernel's time is its GPU
-# time; each threshold sits between a size where the CUDA call wins or ties and one where
-# the Triton call wins in every round.
+# backends in turn over 5 rounds in one process), CUDA µs / Triton medians (rounds):
+# tokens only 48 / 81 at 0.6 Mi, 123 / 104 (98-111) at 39 Mi, 189 / 120 at 59 Mi, 353 /
+# 188 at 127 Mi, and in a run before the plans skipped the argument checks (~30 µs more
+# host time) 79 / 181 at 20 Mi and 115 / 180 at 29 Mi; with log-probabilities 124 / 139
+# (112-174) at 20 Mi, 163 / 134 at 29 Mi, 219 / 146 at 39 Mi; with top-k 50 and top-p 0.9
+# 190 / 209 at 2.4 Mi, 211 / 214 at 4.9 Mi, 354 / 210 at 7.3 Mi, 762 / 230 at 20 Mi. The
+# CUDA kernel's time is its GPU time; each threshold sits between a size where the CUDA
+# call wins or ties and one where the Triton call wins in 4 or 5 of the 5 rounds.
 TRITON_EAGER_MIN_LOGITS = 36 << 20
 TRITON_EAGER_MIN_LOGITS_LOGPROBS = 24 << 20
 TRITON_EAGER_MIN_LOGITS_FILTERED = 6 << 20
