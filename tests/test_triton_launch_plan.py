@@ -1,6 +1,7 @@
 """Eager Triton verify calls replayed from plans (triton_kernels/launch_plan.py): on the
-CPU, the tracked modules switch plans off while an attribute differs from its import; on a
-GPU, replays on fresh inputs equal the launcher's own launches bit for bit on every path
+CPU, a hand-made record maps every tensor to what a replay rebuilds it from (or leaves the
+key unplanned), and the tracked modules switch plans off while an attribute differs from
+its import; on a GPU, replays on fresh inputs equal the launcher's own launches bit for bit on every path
 (screened, one launch, n-gram, greedy, top-k / top-p with log-probabilities, bf16),
 misaligned inputs and another stream take plans of their own, a key whose launcher
 allocates outside the plan is never replayed, and monkeypatched constants, launch hooks
@@ -45,6 +46,79 @@ def test_cpu_calls_run_the_launcher(monkeypatch):
     for _ in range(3):
         triton_verify.verify(*inputs.values(), 3, False)
     assert not calls
+
+
+class _FakeLauncher:  # Triton's CudaLauncher as a plan reads it, its C launch recorded
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self):
+        self.calls = []
+
+    def launch(self, *args):
+        self.calls.append(args)
+
+
+class _FakeKernel:
+    def __init__(self):
+        self.run, self.function, self.packed_metadata = _FakeLauncher(), 1234, ("metadata",)
+
+
+def _record(call_args, launches, extra=None):
+    """A launcher call recorded by hand: two outputs and three workspace buffers, then the
+    launches ``launches(outputs, workspace)`` returns (kernel, grid, arguments)."""
+    launch_plan._local.recorder = recorder = launch_plan._Recorder()
+    try:
+        outs = (launch_plan.output((2, 3), torch.int32, "cpu"), launch_plan.output((0, 0), torch.float32, "cpu"))
+        work = [launch_plan.workspace((5,), torch.int64, "cpu"), launch_plan.workspace((300,), torch.float32, "cpu"),
+                launch_plan.workspace((0,), torch.int32, "cpu")]
+        for kernel, grid, args in launches(outs, work):
+            launch_plan.report_launch(kernel, grid, args)
+    finally:
+        launch_plan._local.recorder = None
+    return launch_plan._plan_of(recorder, call_args, outs), outs, work
+
+
+def test_plans_rebuild_every_pointer():
+    """A record maps each tensor a launch took to a call argument, an output, a byte offset
+    into one workspace (views too, 256-byte aligned buffers) or a persistent buffer; a
+    replay passes the new call's pointers as ints and every other argument unchanged."""
+    a, b = torch.randn(4, 8), torch.arange(6)
+    counters = launch_plan.persistent(torch.zeros(64, dtype=torch.int32))
+    first, second = _FakeKernel(), _FakeKernel()
+
+    def launches(outs, work):
+        return [(first, (3, 1, 1), (a, work[1][10:], 7, outs[0], None, 2.5, counters.view(torch.int64)[4:])),
+                (second, (1, 2, 1), (work[0], b, outs[1], work[2], True, a))]
+
+    plan, _, _ = _record((a, None, b, 4), launches)
+    assert plan is not None and plan.workspace_bytes == 256 + 1280
+    a2, b2 = torch.randn(4, 8), torch.arange(6)
+    outs = plan.replay((a2, None, b2, 4), torch.device("cpu"), 99)
+    assert [(o.shape, o.dtype) for o in outs] == [((2, 3), torch.int32), ((0, 0), torch.float32)]
+    (call_1,), (call_2,) = first.run.calls, second.run.calls
+    head = (1234, False, True, None, None, ("metadata",), None, None, None)
+    assert call_1[:4] == (3, 1, 1, 99) and call_1[4:13] == head
+    assert call_2[:4] == (1, 2, 1, 99) and call_2[4:13] == head
+    base = call_2[13]  # the first workspace buffer opens the allocation
+    assert call_1[13:] == (a2.data_ptr(), base + 256 + 10 * 4, 7, outs[0].data_ptr(), None, 2.5,
+                           counters.data_ptr() + 32)
+    assert call_2[13:] == (base, b2.data_ptr(), outs[1].data_ptr(), 0, True, a2.data_ptr())
+
+
+def test_tensors_a_plan_cannot_rebuild_leave_the_key_unplanned():
+    a = torch.randn(4)
+    stranger = torch.zeros(3)  # made by the launcher outside output / workspace (a fill, say)
+    plan, _, _ = _record((a,), lambda outs, work: [(_FakeKernel(), (1, 1, 1), (a, stranger))])
+    assert plan is None
+    plan, _, _ = _record((a,), lambda outs, work: [(_FakeKernel(), (1, 1, 1), (a[1:],))])  # a view of an argument
+    assert plan is None
+    scratchy = _FakeKernel()
+    scratchy.run.global_scratch_size = 128  # Triton's launcher would allocate scratch memory
+    plan, _, _ = _record((a,), lambda outs, work: [(scratchy, (1, 1, 1), (a,))])
+    assert plan is None
+    plan, _, _ = _record((a,), lambda outs, work: [])  # nothing launched
+    assert plan is None
 
 
 def _cuda(inputs):
