@@ -206,8 +206,12 @@ def validate(*checks: ValueCheck | None) -> None:
     stats = [s for c in checks for s in c.stats]
     if not stats:
         return
-    # The first statistic as float64: the stack promotes the rest to it (one conversion).
-    values = torch.stack([stats[0].double(), *stats[1:]]).tolist()
+    if any(s.device != stats[0].device for s in stats):
+        # Arguments on different devices (the op's checks name the one astray): read each.
+        values = [s.item() for s in stats]
+    else:
+        # The first statistic as float64: the stack promotes the rest to it (one conversion).
+        values = torch.stack([stats[0].double(), *stats[1:]]).tolist()
     at = 0
     for check in checks:
         check.verdict(values[at:at + len(check.stats)])

@@ -173,6 +173,9 @@ def test_bad_arguments_raise_named_errors(device):
         (dict(draft_token_ids=inputs["draft_token_ids"] + 30, top_p=inputs["top_p"] * 0), ValueError,
          "draft_token_ids"),
     ]
+    if device == "cuda":  # a value check's argument on another device: the op's check names it
+        cases += [(dict(temperature=inputs["temperature"].cpu()), ValueError, "temperature must be on the same device"),
+                  (dict(cu_num_draft_tokens=cu.cpu()), ValueError, "cu_num_draft_tokens must be on the same device")]
     for override, error, words in cases + value_cases:
         args = {**inputs, **override}
         with pytest.raises(error, match=words):

@@ -132,7 +132,7 @@ class _Plan:
 
 def _plan_of(recorder: _Recorder, args: tuple, returned) -> _Plan | None:
     """The record of one call, or None where a tensor it launched with cannot be rebuilt."""
-    if not recorder.complete or not recorder.launches:
+    if not recorder.launches:
         return None
     if (not isinstance(returned, tuple) or len(returned) != len(recorder.outputs)
             or any(r is not o for r, o in zip(returned, recorder.outputs))):
@@ -220,7 +220,6 @@ def planned(launcher):
         return returned
 
     call.plans = plans
-    call.launcher = launcher
     return call
 
 
