@@ -67,12 +67,24 @@ void define_attention_schemas(torch::Library& m) {
       "bool return_lse=False, int max_query_len=0) -> (Tensor, Tensor)");
 }
 
+// The statistics behind the sampling ops' value checks (specops/_checks.py; torch.ops.specops
+// only: C++ CPU and CUDA kernels, reference/checks.py). cu_num_draft_tokens [B] and token_ids
+// [T] int32|int64, logits float32|bfloat16|float16, temperature and top_p [B] float32, each read
+// as its flat numel -> [9] float64 (min and max draft count, cu[B - 1], min and max id, and
+// flags: non-finite target / bonus logits, a temperature not >= 0, a top_p not > 0)
+void define_check_schemas(torch::Library& m) {
+  m.def(
+      "sampling_value_stats(Tensor cu_num_draft_tokens, Tensor? token_ids, Tensor? target_logits, "
+      "Tensor? bonus_logits, Tensor? temperature, Tensor? top_p) -> Tensor");
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specops, m) {
   define_sampling_schemas(m);
   define_verify_schema(m);
   define_attention_schemas(m);
+  define_check_schemas(m);
 }
 
 TORCH_LIBRARY(specops_triton, m) {

@@ -10,11 +10,12 @@ or compiling. The kernels never read or write out of bounds when they are skippe
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from specops._native import has_cuda_kernels
+from specops.reference import checks as reference_checks
 
 ID_DTYPES = (torch.int32, torch.int64)
 
@@ -185,60 +186,84 @@ def check_sample_recovered_tokens(
     return RaggedSizes(batch, num_tokens, vocab)
 
 
-# ---- value checks: statistics computed on the device, read in one sync ----
+# ---- value checks: statistics from one op (sampling_value_stats), read in one sync ----
+
+_STATS_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-@dataclass(frozen=True)
-class ValueCheck:
-    """A value check: 0-d statistics computed on the device, and the host verdict on their
-    values (raises ValueError). ``validate`` reads the statistics of several checks in one
-    device sync."""
+def _value_stats_problem(cu, token_ids, target_logits, bonus_logits, temperature, top_p):
+    """Why torch.ops.specops.sampling_value_stats would refuse these tensors, as (error
+    type, message), or None (mirror of csrc/value_stats_checks.cpp)."""
+    if cu.dtype not in ID_DTYPES:
+        return TypeError, f"cu_num_draft_tokens must be int32 or int64, got {cu.dtype}"
+    if not cu.is_contiguous():
+        return ValueError, "cu_num_draft_tokens must be contiguous"
+    for name, t, dtypes, dtype_names in (
+        ("token_ids", token_ids, ID_DTYPES, "int32 or int64"),
+        ("target_logits", target_logits, _STATS_FLOAT_DTYPES, "float32, bfloat16 or float16"),
+        ("bonus_logits", bonus_logits, _STATS_FLOAT_DTYPES, "float32, bfloat16 or float16"),
+        ("temperature", temperature, (torch.float32,), "float32"),
+        ("top_p", top_p, (torch.float32,), "float32"),
+    ):
+        if t is None:
+            continue
+        if t.device != cu.device:
+            return ValueError, f"{name} must be on the same device as cu_num_draft_tokens ({cu.device}), got {t.device}"
+        if t.dtype not in dtypes:
+            return TypeError, f"{name} must be {dtype_names}, got {t.dtype}"
+        if not t.is_contiguous():
+            return ValueError, f"{name} must be contiguous"
+    return None
 
-    stats: tuple[torch.Tensor, ...]
-    verdict: Callable[[list[float]], None]
+
+def check_sampling_value_stats(cu, token_ids, target_logits, bonus_logits, temperature, top_p) -> None:
+    problem = _value_stats_problem(cu, token_ids, target_logits, bonus_logits, temperature, top_p)
+    if problem is not None:
+        error, message = problem
+        raise error(message)
 
 
-def validate(*checks: ValueCheck | None) -> None:
-    """Runs ``checks`` (None: nothing to check) in order, their statistics read in one
-    device sync as float64 values: ints below 2^53 exactly (the counts and ids checked
-    here; a larger id stays past every vocab), floats of any dtype exactly."""
-    checks = tuple(c for c in checks if c is not None)
-    stats = [s for c in checks for s in c.stats]
-    if not stats:
-        return
-    if any(s.device != stats[0].device for s in stats):
-        # Arguments on different devices (the op's checks name the one astray): read each.
-        values = [s.item() for s in stats]
+def _native_value_stats(device: torch.device) -> bool:
+    """Whether torch.ops.specops.sampling_value_stats has a kernel for ``device``."""
+    return device.type == "cpu" or (device.type == "cuda" and has_cuda_kernels())
+
+
+def validate_sampling_values(
+    cu_num_draft_tokens: torch.Tensor,
+    num_tokens: int,
+    max_spec_len: int | None,
+    draft_token_ids: torch.Tensor | None = None,
+    vocab: int = 0,
+    target_logits: torch.Tensor | None = None,
+    bonus_logits: torch.Tensor | None = None,
+    temperature: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+) -> None:
+    """The sampling ops' value checks, in this order (the first failure is named):
+    cu_num_draft_tokens non-decreasing from >= 0 and ending at num_tokens, no request with
+    more than max_spec_len drafts (None: no bound); every id of ``draft_token_ids`` inside
+    [0, vocab); finite target and bonus logits; temperature >= 0; top_p > 0.
+    Their statistics come from torch.ops.specops.sampling_value_stats (one CPU or CUDA
+    op: two launches on a GPU) and are read in one device sync; arguments that op does not
+    take (on different devices, an unexpected dtype: the calling op's own checks name them)
+    go through reference/checks.py instead, one read each."""
+    if cu_num_draft_tokens.numel() == 0 and num_tokens != 0:
+        raise ValueError(f"cu_num_draft_tokens is empty but num_tokens = {num_tokens}")
+    args = (cu_num_draft_tokens, draft_token_ids, target_logits, bonus_logits, temperature, top_p)
+    if _native_value_stats(cu_num_draft_tokens.device) and _value_stats_problem(*args) is None:
+        stats = torch.ops.specops.sampling_value_stats(*args)
     else:
-        # The first statistic as float64: the stack promotes the rest to it (one conversion).
-        values = torch.stack([stats[0].double(), *stats[1:]]).tolist()
-    at = 0
-    for check in checks:
-        check.verdict(values[at:at + len(check.stats)])
-        at += len(check.stats)
-
-
-def cu_num_draft_tokens_check(cu_num_draft_tokens: torch.Tensor, num_tokens: int,
-                              max_spec_len: int | None) -> ValueCheck | None:
-    """cu_num_draft_tokens must be non-decreasing from >= 0, end at num_tokens, and no
-    request may have more than max_spec_len drafts."""
-    if cu_num_draft_tokens.numel() == 0:
-        if num_tokens != 0:
-            raise ValueError(f"cu_num_draft_tokens is empty but num_tokens = {num_tokens}")
-        return None
-    cu = cu_num_draft_tokens.long()
-    stats = (cu[0], cu[-1], *(torch.aminmax(torch.diff(cu)) if cu.numel() > 1 else ()))
-
-    def verdict(values: list[float]) -> None:
-        first, last, *steps = values
-        min_count, max_count = min([first, *steps]), max([first, *steps])  # the first count is cu[0]
+        stats = reference_checks.sampling_value_stats(*args)
+    (min_count, max_count, last_cu, min_id, max_id, target_bad, bonus_bad, bad_temperature,
+     bad_top_p) = stats.tolist()
+    if cu_num_draft_tokens.numel():
         if min_count < 0:
             raise ValueError(
                 "cu_num_draft_tokens must be non-decreasing and start at >= 0 (a request has a negative draft count)"
             )
-        if last != num_tokens:
+        if last_cu != num_tokens:
             raise ValueError(
-                f"cu_num_draft_tokens is inconsistent with num_tokens: its last entry is {int(last)}, "
+                f"cu_num_draft_tokens is inconsistent with num_tokens: its last entry is {int(last_cu)}, "
                 f"num_tokens is {num_tokens}"
             )
         if max_spec_len is not None and max_count > max_spec_len:
@@ -246,51 +271,18 @@ def cu_num_draft_tokens_check(cu_num_draft_tokens: torch.Tensor, num_tokens: int
                 f"max_spec_len is too small: a request has {int(max_count)} drafts but output_token_ids has room "
                 f"for max_spec_len = {max_spec_len}"
             )
-
-    return ValueCheck(stats, verdict)
-
-
-def token_ids_check(ids: torch.Tensor, name: str, vocab: int) -> ValueCheck | None:
-    """Every id of ``ids`` inside [0, vocab)."""
-    if ids.numel() == 0:
-        return None
-
-    def verdict(values: list[float]) -> None:
-        lo, hi = values
-        if lo < 0 or hi >= vocab:
-            raise ValueError(f"{name} holds an id outside the vocab [0, {vocab}): min {int(lo)}, max {int(hi)}")
-
-    return ValueCheck(tuple(torch.aminmax(ids)), verdict)
-
-
-def verify_values_check(target_logits, bonus_logits, temperature, top_p) -> ValueCheck:
-    """Finite logits (their min and max finite: NaN propagates to both) and sampling
-    parameters in range."""
-    named = [(name, t) for name, t in (("target_logits", target_logits), ("bonus_logits", bonus_logits))
-             if t.numel()]
-    stats = [s for _, t in named for s in torch.aminmax(t)]
-    if temperature is not None and temperature.numel():
-        stats.append(temperature.min())
-    if top_p is not None and top_p.numel():
-        stats.append(top_p.min())
-
-    def verdict(values: list[float]) -> None:
-        for i, (name, _) in enumerate(named):
-            if not (math.isfinite(values[2 * i]) and math.isfinite(values[2 * i + 1])):
-                raise ValueError(f"{name} holds NaN or inf")
-        rest = values[2 * len(named):]
-        if temperature is not None and temperature.numel():
-            if not rest.pop(0) >= 0:  # NaN fails too
-                raise ValueError("temperature must be >= 0 (0 means greedy)")
-        if top_p is not None and top_p.numel():
-            if not rest.pop(0) > 0:
-                raise ValueError("top_p must be > 0")
-
-    return ValueCheck(tuple(stats), verdict)
-
-
-def validate_cu_num_draft_tokens(cu_num_draft_tokens: torch.Tensor, num_tokens: int, max_spec_len: int | None) -> None:
-    validate(cu_num_draft_tokens_check(cu_num_draft_tokens, num_tokens, max_spec_len))
+    if draft_token_ids is not None and draft_token_ids.numel() and (min_id < 0 or max_id >= vocab):
+        raise ValueError(
+            f"draft_token_ids holds an id outside the vocab [0, {vocab}): min {int(min_id)}, max {int(max_id)}"
+        )
+    if target_bad:
+        raise ValueError("target_logits holds NaN or inf")
+    if bonus_bad:
+        raise ValueError("bonus_logits holds NaN or inf")
+    if bad_temperature:
+        raise ValueError("temperature must be >= 0 (0 means greedy)")
+    if bad_top_p:
+        raise ValueError("top_p must be > 0")
 
 
 def check_verify(

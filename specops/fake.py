@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from specops import _checks
+from specops.reference.checks import STATS
 
 NAMESPACES = ("specops", "specops_triton")
 
@@ -116,3 +117,13 @@ def _paged_attention_fake(
     out = torch.empty_like(query)
     lse = query.new_empty((sizes.num_query_tokens, sizes.num_heads) if return_lse else (0, 0), dtype=torch.float32)
     return out, lse
+
+
+# The value checks' statistics: torch.ops.specops only (reference/checks.py; no Triton kernel).
+
+
+@torch.library.register_fake("specops::sampling_value_stats")
+def _sampling_value_stats_fake(cu_num_draft_tokens, token_ids, target_logits, bonus_logits, temperature, top_p):
+    _checks.check_sampling_value_stats(cu_num_draft_tokens, token_ids, target_logits, bonus_logits, temperature,
+                                       top_p)
+    return cu_num_draft_tokens.new_empty((len(STATS),), dtype=torch.float64)

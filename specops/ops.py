@@ -102,7 +102,7 @@ def expand_to_tokens(
     """
     chosen = resolve(backend, values.device)
     if _should_validate(validate, values.device):
-        _checks.validate_cu_num_draft_tokens(cu_num_draft_tokens, num_tokens, None)
+        _checks.validate_sampling_values(cu_num_draft_tokens, num_tokens, None)
     return _op("expand_to_tokens", chosen)(values, cu_num_draft_tokens, num_tokens, replace_from, replace_to)
 
 
@@ -145,7 +145,7 @@ def rejection_greedy_sample(
     device = output_token_ids.device
     chosen = resolve(backend, device)
     if _should_validate(validate, device):
-        _checks.validate_cu_num_draft_tokens(
+        _checks.validate_sampling_values(
             cu_num_draft_tokens, draft_token_ids.shape[0], output_token_ids.shape[-1] - 1
         )
     _op("rejection_greedy_sample", chosen)(
@@ -188,10 +188,9 @@ def rejection_random_sample(
     device = output_token_ids.device
     chosen = resolve(backend, device)
     if _should_validate(validate, device):
-        _checks.validate(
-            _checks.cu_num_draft_tokens_check(cu_num_draft_tokens, draft_token_ids.shape[0],
-                                              output_token_ids.shape[-1] - 1),
-            _checks.token_ids_check(draft_token_ids, "draft_token_ids", target_probs.shape[-1]),
+        _checks.validate_sampling_values(
+            cu_num_draft_tokens, draft_token_ids.shape[0], output_token_ids.shape[-1] - 1, draft_token_ids,
+            target_probs.shape[-1],
         )
     _op("rejection_random_sample", chosen)(
         output_token_ids,
@@ -234,9 +233,8 @@ def sample_recovered_tokens(
     device = target_probs.device
     chosen = resolve(backend, device)
     if _should_validate(validate, device):
-        _checks.validate(
-            _checks.cu_num_draft_tokens_check(cu_num_draft_tokens, draft_token_ids.shape[0], None),
-            _checks.token_ids_check(draft_token_ids, "draft_token_ids", target_probs.shape[-1]),
+        _checks.validate_sampling_values(
+            cu_num_draft_tokens, draft_token_ids.shape[0], None, draft_token_ids, target_probs.shape[-1]
         )
     return _op("sample_recovered_tokens", chosen)(
         cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, exponentials
@@ -310,10 +308,9 @@ def verify(
         or triton_faster_eagerly(num_logits, top_k is not None or top_p is not None, return_logprobs))
     chosen = resolve(backend, device, op="verify", missing=(Backend.CUDA,) if skip_cuda and backend is None else ())
     if _should_validate(validate, device):
-        _checks.validate(  # one device sync
-            _checks.cu_num_draft_tokens_check(cu_num_draft_tokens, draft_token_ids.shape[0], max_spec_len),
-            _checks.token_ids_check(draft_token_ids, "draft_token_ids", target_logits.shape[-1]),
-            _checks.verify_values_check(target_logits, bonus_logits, temperature, top_p),
+        _checks.validate_sampling_values(  # one op, one device sync
+            cu_num_draft_tokens, draft_token_ids.shape[0], max_spec_len, draft_token_ids, target_logits.shape[-1],
+            target_logits, bonus_logits, temperature, top_p,
         )
     return _op("verify", chosen)(
         target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,

@@ -1,0 +1,85 @@
+// C++ CPU kernel of sampling_value_stats: one pass over each checked tensor.
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "value_stats.h"
+
+namespace specops {
+namespace {
+
+int64_t value_at(const at::Tensor& t, int64_t i) {  // an int32 | int64 element
+  return t.scalar_type() == at::kLong ? t.data_ptr<int64_t>()[i] : t.data_ptr<int32_t>()[i];
+}
+
+// Whether a logits tensor holds NaN or +-inf, tested on each element's bits.
+bool any_non_finite(const std::optional<at::Tensor>& logits) {
+  if (!logits.has_value() || logits->numel() == 0) return false;
+  const uint32_t exponent_bits = exponent_bits_of(logits->scalar_type());
+  const int64_t n = logits->numel();
+  const char* data = static_cast<const char*>(logits->data_ptr());
+  if (logits->element_size() == 4) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, data + 4 * i, 4);
+      if (non_finite_bits(bits, exponent_bits)) return true;
+    }
+    return false;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, data + 2 * i, 2);
+    if (non_finite_bits(bits, exponent_bits)) return true;
+  }
+  return false;
+}
+
+template <typename Bad>
+bool any_float(const std::optional<at::Tensor>& t, Bad bad) {
+  if (!t.has_value()) return false;
+  const float* v = t->data_ptr<float>();
+  return std::any_of(v, v + t->numel(), bad);
+}
+
+at::Tensor sampling_value_stats_cpu(const at::Tensor& cu_num_draft_tokens, const std::optional<at::Tensor>& token_ids,
+                                    const std::optional<at::Tensor>& target_logits,
+                                    const std::optional<at::Tensor>& bonus_logits,
+                                    const std::optional<at::Tensor>& temperature,
+                                    const std::optional<at::Tensor>& top_p) {
+  check_sampling_value_stats({cu_num_draft_tokens, token_ids, target_logits, bonus_logits, temperature, top_p});
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  int64_t min_count = kMax, max_count = kMin, previous = 0;
+  const int64_t batch = cu_num_draft_tokens.numel();
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t cu = value_at(cu_num_draft_tokens, b);
+    min_count = std::min(min_count, cu - previous);
+    max_count = std::max(max_count, cu - previous);
+    previous = cu;
+  }
+  int64_t min_id = kMax, max_id = kMin;
+  for (int64_t i = 0; token_ids.has_value() && i < token_ids->numel(); ++i) {
+    min_id = std::min(min_id, value_at(*token_ids, i));
+    max_id = std::max(max_id, value_at(*token_ids, i));
+  }
+  at::Tensor out = at::empty({kNumValueStats}, cu_num_draft_tokens.options().dtype(at::kDouble));
+  double* stats = out.data_ptr<double>();
+  stats[kMinCount] = static_cast<double>(min_count);
+  stats[kMaxCount] = static_cast<double>(max_count);
+  stats[kLastCu] = static_cast<double>(previous);
+  stats[kMinId] = static_cast<double>(min_id);
+  stats[kMaxId] = static_cast<double>(max_id);
+  stats[kTargetNonFinite] = any_non_finite(target_logits);
+  stats[kBonusNonFinite] = any_non_finite(bonus_logits);
+  stats[kBadTemperature] = any_float(temperature, [](float t) { return !(t >= 0.f); });
+  stats[kBadTopP] = any_float(top_p, [](float p) { return !(p > 0.f); });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("sampling_value_stats", &sampling_value_stats_cpu); }
+
+}  // namespace specops
