@@ -1,8 +1,9 @@
-"""What validate=True costs an eager specops.verify call: the value checks alone (the one
-op torch.ops.specops.sampling_value_stats, the torch statistics of reference/checks.py it
-falls back to, and, with --old, a previous specops/_checks.py's checks), then verify with
-and without them. Every call is followed by its sync, as an engine that reads its tokens
-each step does; medians over rounds of back-to-back calls, µs. Usage (GPU):
+"""What validate=True costs an eager specops.verify and specops.paged_attention call: the
+value checks alone (the ops torch.ops.specops.sampling_value_stats and
+paged_attention_value_stats; for verify the torch statistics of reference/checks.py it falls
+back to; with --old, a previous specops/_checks.py's checks), then the op with and without
+them. Every call is followed by its sync, as an engine that reads its tokens each step
+does; medians over rounds of back-to-back calls, µs. Usage (GPU):
 
     python bench/validate_cost.py [--old path/to/old_checks.py] [--out DIR]
 """
@@ -12,10 +13,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
+import sys
 import time
 
 import torch
 from ab_verify import shape_call
+from bench_attention import Batch
 
 import common
 import specops
@@ -23,6 +26,7 @@ from specops import _checks
 from specops.reference import checks as reference_checks
 
 SHAPES = ["1:4:128256:random", "64:4:128256:random", "64:4:128256:random:topk50:topp0.9"]
+ATTENTION_SHAPES = [(1, 4096, 1), (64, 1024, 5), (128, 4096, 1)]  # (B, L, q_len), bench_attention's heads
 
 
 def per_call_us(fn, rounds: int, calls: int) -> float:
@@ -42,6 +46,7 @@ def per_call_us(fn, rounds: int, calls: int) -> float:
 def load_old_checks(path: str):
     spec = importlib.util.spec_from_file_location("old_checks", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -79,6 +84,25 @@ def main() -> None:
             us = per_call_us(fn, args.rounds, args.calls)
             rows.append({"bench": "validate", "impl": name, "shape": shape, "us": round(us, 1)})
             print(f"{shape:36s} {name:32s} {us:8.1f} us", flush=True)
+    for B, L, q_len in ATTENTION_SHAPES:
+        x = Batch(B, L, q_len, device, torch.bfloat16)
+        call = x.specops_args()
+        tables = (x.block_table, x.seq_lens, x.cu_query_lens, call[0].shape[0], x.key_cache.shape[1],
+                  x.key_cache.shape[0])
+        forms = {
+            "checks: paged_attention_value_stats": lambda: _checks.validate_paged_attention_values(*tables),
+            "paged_attention, validate=False": lambda: specops.paged_attention(*call, max_query_len=q_len,
+                                                                               validate=False),
+            "paged_attention, validate=True": lambda: specops.paged_attention(*call, max_query_len=q_len),
+        }
+        if old is not None:
+            forms = {"checks: previous (--old)": lambda: old.validate_paged_attention_values(*tables), **forms}
+        shape = f"B={B} L={L} q_len={q_len}"
+        for name, fn in forms.items():
+            us = per_call_us(fn, args.rounds, args.calls)
+            rows.append({"bench": "validate", "impl": name, "shape": shape, "us": round(us, 1)})
+            print(f"{shape:36s} {name:36s} {us:8.1f} us", flush=True)
+        del x, call, tables
     if args.out:
         env = common.env_stamp(device)
         print("wrote", common.write_results("validate", env, rows, args.out))

@@ -67,8 +67,8 @@ void define_attention_schemas(torch::Library& m) {
       "bool return_lse=False, int max_query_len=0) -> (Tensor, Tensor)");
 }
 
-// The statistics behind the sampling ops' value checks (specops/_checks.py; torch.ops.specops
-// only: C++ CPU and CUDA kernels, reference/checks.py). cu_num_draft_tokens [B] and token_ids
+// The statistics behind the ops' value checks (specops/_checks.py; torch.ops.specops only:
+// C++ CPU and CUDA kernels, reference/checks.py). cu_num_draft_tokens [B] and token_ids
 // [T] int32|int64, logits float32|bfloat16|float16, temperature and top_p [B] float32, each read
 // as its flat numel -> [9] float64 (min and max draft count, cu[B - 1], min and max id, and
 // flags: non-finite target / bonus logits, a temperature not >= 0, a top_p not > 0)
@@ -76,6 +76,12 @@ void define_check_schemas(torch::Library& m) {
   m.def(
       "sampling_value_stats(Tensor cu_num_draft_tokens, Tensor? token_ids, Tensor? target_logits, "
       "Tensor? bonus_logits, Tensor? temperature, Tensor? top_p) -> Tensor");
+  // block_table [B, max_blocks], seq_lens [B], cu_query_lens [B + 1], int32 -> [6] float64
+  // (cu_query_lens[0] and [B], the smallest query length, the smallest seq_len - query
+  // length, the most blocks a sequence needs, and a flag: a used block id out of range)
+  m.def(
+      "paged_attention_value_stats(Tensor block_table, Tensor seq_lens, Tensor cu_query_lens, int block_size, "
+      "int num_blocks) -> Tensor");
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
-// The value statistics behind the sampling ops' value checks (specops/_checks.py): one op,
-// sampling_value_stats, that reads every checked tensor once and returns the few numbers
-// the checks decide on, so that validate=True costs one launch pair and one device sync.
-// reference/checks.py states the same statistics in torch.
+// The value statistics behind the ops' value checks (specops/_checks.py): one op a family,
+// sampling_value_stats and paged_attention_value_stats, that reads every checked tensor once
+// and returns the few numbers the checks decide on, so that validate=True costs one launch
+// pair and one device sync. reference/checks.py states the same statistics in torch.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -41,6 +41,29 @@ struct ValueStatsArgs {
 };
 
 void check_sampling_value_stats(const ValueStatsArgs& args);
+
+// Slots of paged_attention_value_stats's float64 [kNumAttentionStats] result (empty min /
+// max slots as above, with no sequence).
+enum AttentionStat : int {
+  kFirstQueryCu = 0,   // cu_query_lens[0]
+  kLastQueryCu = 1,    // cu_query_lens[B]
+  kMinQueryLen = 2,    // smallest cu_query_lens[b + 1] - cu_query_lens[b]
+  kMinSlack = 3,       // smallest seq_lens[b] - query length b
+  kMostBlocks = 4,     // largest ceil(max(seq_lens[b], 0) / block_size)
+  kBadBlockId = 5,     // 1 if a block id a sequence uses (the first ceil(seq_len / block_size)
+                       // of its row, at most max_blocks) is outside [0, num_blocks)
+  kNumAttentionStats = 6,
+};
+
+// block_table [B, max_blocks], seq_lens [B], cu_query_lens [B + 1], all int32, contiguous, on
+// one device; block_size >= 1.
+void check_paged_attention_value_stats(const at::Tensor& block_table, const at::Tensor& seq_lens,
+                                       const at::Tensor& cu_query_lens, int64_t block_size);
+
+// The blocks a sequence of seq_len keys uses (a negative length uses none).
+SPECOPS_HOST_DEVICE int64_t blocks_used(int64_t seq_len, int64_t block_size) {
+  return seq_len > 0 ? (seq_len + block_size - 1) / block_size : 0;
+}
 
 // A float32, bfloat16 or float16 value is NaN or +-inf iff its exponent bits are all ones:
 // the logits are tested on their bits, so every dtype is one integer test an element.

@@ -1,4 +1,5 @@
-// Argument checks of sampling_value_stats (devices, dtypes, contiguity; no device sync).
+// Argument checks of sampling_value_stats and paged_attention_value_stats (devices,
+// dtypes, contiguity, and the attention tables' shapes; no device sync).
 #include <string>
 
 #include "check_messages.h"
@@ -32,6 +33,28 @@ void check_sampling_value_stats(const ValueStatsArgs& args) {
             "float32, bfloat16 or float16");
   check_one(args.temperature, "temperature", cu, {at::kFloat}, "float32");
   check_one(args.top_p, "top_p", cu, {at::kFloat}, "float32");
+}
+
+void check_paged_attention_value_stats(const at::Tensor& block_table, const at::Tensor& seq_lens,
+                                       const at::Tensor& cu_query_lens, int64_t block_size) {
+  const auto int32_table = [&](const at::Tensor& t, const char* name) {
+    TORCH_CHECK_VALUE(t.device() == block_table.device(), name, " must be on the same device as block_table (",
+                      block_table.device().str(), "), got ", t.device().str());
+    TORCH_CHECK_TYPE(t.scalar_type() == at::kInt, name, " must be int32, got ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
+  };
+  int32_table(block_table, "block_table");
+  int32_table(seq_lens, "seq_lens");
+  int32_table(cu_query_lens, "cu_query_lens");
+  TORCH_CHECK_VALUE(block_table.dim() == 2, "block_table must have shape [batch, max_blocks], got ",
+                    shape_str(block_table));
+  const int64_t batch = block_table.size(0);
+  TORCH_CHECK_VALUE(seq_lens.dim() == 1 && seq_lens.size(0) == batch, "seq_lens must have shape [batch] = [",
+                    num(batch), "], got ", shape_str(seq_lens));
+  TORCH_CHECK_VALUE(cu_query_lens.dim() == 1 && cu_query_lens.size(0) == batch + 1,
+                    "cu_query_lens must have shape [batch + 1] = [", num(batch + 1), "], got ",
+                    shape_str(cu_query_lens));
+  TORCH_CHECK_VALUE(block_size >= 1, "block_size must be >= 1, got ", num(block_size));
 }
 
 }  // namespace specops

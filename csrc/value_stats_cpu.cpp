@@ -1,4 +1,5 @@
-// C++ CPU kernel of sampling_value_stats: one pass over each checked tensor.
+// C++ CPU kernels of sampling_value_stats and paged_attention_value_stats: one pass over
+// each checked tensor.
 #include <torch/library.h>
 
 #include <algorithm>
@@ -78,8 +79,43 @@ at::Tensor sampling_value_stats_cpu(const at::Tensor& cu_num_draft_tokens, const
   return out;
 }
 
+at::Tensor paged_attention_value_stats_cpu(const at::Tensor& block_table, const at::Tensor& seq_lens,
+                                           const at::Tensor& cu_query_lens, int64_t block_size, int64_t num_blocks) {
+  check_paged_attention_value_stats(block_table, seq_lens, cu_query_lens, block_size);
+  const int64_t batch = block_table.size(0), max_blocks = block_table.size(1);
+  const int32_t* table = block_table.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* cu = cu_query_lens.data_ptr<int32_t>();
+  int64_t min_query_len = std::numeric_limits<int64_t>::max(), min_slack = min_query_len;
+  int64_t most_blocks = std::numeric_limits<int64_t>::min();
+  bool bad_block_id = false;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t query_len = int64_t{cu[b + 1]} - cu[b];
+    const int64_t used = blocks_used(lens[b], block_size);
+    min_query_len = std::min(min_query_len, query_len);
+    min_slack = std::min(min_slack, lens[b] - query_len);
+    most_blocks = std::max(most_blocks, used);
+    for (int64_t j = 0; j < std::min(used, max_blocks); ++j) {
+      const int64_t id = table[b * max_blocks + j];
+      bad_block_id = bad_block_id || id < 0 || id >= num_blocks;
+    }
+  }
+  at::Tensor out = at::empty({kNumAttentionStats}, block_table.options().dtype(at::kDouble));
+  double* stats = out.data_ptr<double>();
+  stats[kFirstQueryCu] = cu[0];
+  stats[kLastQueryCu] = cu[batch];
+  stats[kMinQueryLen] = static_cast<double>(min_query_len);
+  stats[kMinSlack] = static_cast<double>(min_slack);
+  stats[kMostBlocks] = static_cast<double>(most_blocks);
+  stats[kBadBlockId] = bad_block_id;
+  return out;
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("sampling_value_stats", &sampling_value_stats_cpu); }
+TORCH_LIBRARY_IMPL(specops, CPU, m) {
+  m.impl("sampling_value_stats", &sampling_value_stats_cpu);
+  m.impl("paged_attention_value_stats", &paged_attention_value_stats_cpu);
+}
 
 }  // namespace specops

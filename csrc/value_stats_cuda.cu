@@ -1,11 +1,17 @@
-// CUDA kernels of sampling_value_stats: the statistics of the sampling ops' value checks
-// (csrc/value_stats.h) in two launches, read by the caller in one device sync.
+// CUDA kernels of sampling_value_stats and paged_attention_value_stats: the statistics of
+// the ops' value checks (csrc/value_stats.h), each op in two launches, read by the caller in
+// one device sync.
 //
 // logits_non_finite_kernel: grid of at most 8 CTAs an SM x 256 threads, striding over the
 //   target then the bonus logits in 16-byte words; each CTA writes two flags. Moves every
 //   logit once (4 V (T + B) bytes in float32), the dominant cost of the checks.
 // value_stats_finish_kernel: one CTA of 1024 threads; reduces the CTAs' flags and reads
 //   cu_num_draft_tokens, the ids, temperature and top_p (B and T elements) itself.
+// block_ids_in_range_kernel: grid of at most 8 CTAs an SM x 256 threads over the block
+//   table's B x max_blocks entries (each reads an entry only if its sequence uses it); a flag
+//   a CTA.
+// attention_stats_finish_kernel: one CTA of 1024 threads; reduces the flags and reads
+//   seq_lens and cu_query_lens (B elements).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -90,19 +96,20 @@ __device__ int64_t load_int(const void* data, bool is_int64, int64_t i) {
   return is_int64 ? static_cast<const int64_t*>(data)[i] : int64_t{static_cast<const int32_t*>(data)[i]};
 }
 
-// Block-wide min and max of int64 values (every thread of the CTA calls it).
-__device__ void block_min_max(int64_t& lo, int64_t& hi) {
-  __shared__ int64_t lows[kFinishThreads / 32], highs[kFinishThreads / 32];
+// The CTA-wide min (or max) of one int64 a thread (every thread of the CTA calls it).
+__device__ int64_t block_extreme(int64_t v, bool take_max) {
+  __shared__ int64_t warp_values[kFinishThreads / 32];
   for (int offset = 16; offset > 0; offset /= 2) {
-    lo = smaller(lo, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(lo), offset)));
-    hi = larger(hi, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(hi), offset)));
+    const auto other = static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(v), offset));
+    v = take_max ? larger(v, other) : smaller(v, other);
   }
-  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  __syncthreads();  // the shared slots may hold a previous call's values
-  if (threadIdx.x % 32 == 0) lows[warp] = lo, highs[warp] = hi;
+  __syncthreads();  // the shared slots may still be read by a previous call
+  if (threadIdx.x % 32 == 0) warp_values[threadIdx.x / 32] = v;
   __syncthreads();
-  lo = LLONG_MAX, hi = LLONG_MIN;
-  for (int i = 0; i < warps; ++i) lo = smaller(lo, lows[i]), hi = larger(hi, highs[i]);
+  for (int i = 0; i < static_cast<int>(blockDim.x / 32); ++i) {
+    v = take_max ? larger(v, warp_values[i]) : smaller(v, warp_values[i]);
+  }
+  return v;
 }
 
 __global__ void value_stats_finish_kernel(const void* __restrict__ cu, bool cu_int64, int64_t batch,  // [B]
@@ -130,8 +137,8 @@ __global__ void value_stats_finish_kernel(const void* __restrict__ cu, bool cu_i
   const bool bonus_bad = __syncthreads_or(flag & 2);
   bad_temperature = __syncthreads_or(bad_temperature);
   bad_top_p = __syncthreads_or(bad_top_p);
-  block_min_max(count_lo, count_hi);
-  block_min_max(id_lo, id_hi);
+  count_lo = block_extreme(count_lo, false), count_hi = block_extreme(count_hi, true);
+  id_lo = block_extreme(id_lo, false), id_hi = block_extreme(id_hi, true);
   if (threadIdx.x != 0) return;
   out[kMinCount] = static_cast<double>(count_lo);
   out[kMaxCount] = static_cast<double>(count_hi);
@@ -142,6 +149,55 @@ __global__ void value_stats_finish_kernel(const void* __restrict__ cu, bool cu_i
   out[kBonusNonFinite] = bonus_bad;
   out[kBadTemperature] = bad_temperature;
   out[kBadTopP] = bad_top_p;
+}
+
+__global__ void block_ids_in_range_kernel(const int32_t* __restrict__ block_table,  // [B, max_blocks]
+                                          const int32_t* __restrict__ seq_lens,     // [B]
+                                          int64_t max_blocks, int64_t entries, int64_t block_size,
+                                          int64_t num_blocks,
+                                          int32_t* __restrict__ flags) {  // [gridDim.x]
+  bool bad = false;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < entries; i += gridDim.x * int64_t{blockDim.x}) {
+    const int64_t b = i / max_blocks;
+    if (i - b * max_blocks < blocks_used(seq_lens[b], block_size)) {
+      const int64_t id = block_table[i];
+      bad |= id < 0 || id >= num_blocks;
+    }
+  }
+  bad = __syncthreads_or(bad);
+  if (threadIdx.x == 0) flags[blockIdx.x] = bad;
+}
+
+__global__ void attention_stats_finish_kernel(const int32_t* __restrict__ seq_lens,       // [B]
+                                              const int32_t* __restrict__ cu_query_lens,  // [B + 1]
+                                              int64_t batch, int64_t block_size,
+                                              const int32_t* __restrict__ flags, int num_flags,  // [scan CTAs]
+                                              double* __restrict__ out) {  // [kNumAttentionStats]
+  int64_t query_lo = LLONG_MAX, slack_lo = LLONG_MAX, blocks_hi = LLONG_MIN;
+  for (int64_t b = threadIdx.x; b < batch; b += blockDim.x) {
+    const int64_t query_len = int64_t{cu_query_lens[b + 1]} - cu_query_lens[b];
+    query_lo = smaller(query_lo, query_len);
+    slack_lo = smaller(slack_lo, seq_lens[b] - query_len);
+    blocks_hi = larger(blocks_hi, blocks_used(seq_lens[b], block_size));
+  }
+  bool bad = false;
+  for (int i = threadIdx.x; i < num_flags; i += blockDim.x) bad |= flags[i] != 0;
+  bad = __syncthreads_or(bad);
+  query_lo = block_extreme(query_lo, false), slack_lo = block_extreme(slack_lo, false);
+  blocks_hi = block_extreme(blocks_hi, true);
+  if (threadIdx.x != 0) return;
+  out[kFirstQueryCu] = cu_query_lens[0];
+  out[kLastQueryCu] = cu_query_lens[batch];
+  out[kMinQueryLen] = static_cast<double>(query_lo);
+  out[kMinSlack] = static_cast<double>(slack_lo);
+  out[kMostBlocks] = static_cast<double>(blocks_hi);
+  out[kBadBlockId] = bad;
+}
+
+int scan_ctas_for(int64_t items, int64_t per_cta, int device) {
+  int num_sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  return static_cast<int>(std::clamp<int64_t>((items + per_cta - 1) / per_cta, 1, int64_t{kScanCtasPerSm} * num_sms));
 }
 
 LogitsView view_of(const std::optional<at::Tensor>& t) {
@@ -165,12 +221,8 @@ at::Tensor sampling_value_stats_cuda(const at::Tensor& cu_num_draft_tokens,
   const LogitsView target = view_of(target_logits), bonus = view_of(bonus_logits);
   // Enough CTAs for every word in flight once, at most kScanCtasPerSm an SM; at least one,
   // whose threads also take the elements outside the aligned middles (fewer than 8 each).
-  int num_sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, cu_num_draft_tokens.get_device()));
-  const int64_t words = std::max(words_of(target), words_of(bonus));
-  const int64_t per_cta = int64_t{kScanThreads} * kScanUnroll;
-  const int scan_ctas = static_cast<int>(std::clamp<int64_t>((words + per_cta - 1) / per_cta, 1,
-                                                             int64_t{kScanCtasPerSm} * num_sms));
+  const int scan_ctas = scan_ctas_for(std::max(words_of(target), words_of(bonus)), int64_t{kScanThreads} * kScanUnroll,
+                                      cu_num_draft_tokens.get_device());
   const bool any_logits = target.numel > 0 || bonus.numel > 0;
   at::Tensor flags = at::empty({any_logits ? scan_ctas : 0}, cu_num_draft_tokens.options().dtype(at::kInt));
   if (any_logits) {
@@ -188,8 +240,33 @@ at::Tensor sampling_value_stats_cuda(const at::Tensor& cu_num_draft_tokens,
   return out;
 }
 
+at::Tensor paged_attention_value_stats_cuda(const at::Tensor& block_table, const at::Tensor& seq_lens,
+                                            const at::Tensor& cu_query_lens, int64_t block_size, int64_t num_blocks) {
+  check_paged_attention_value_stats(block_table, seq_lens, cu_query_lens, block_size);
+  const c10::cuda::CUDAGuard guard(block_table.device());
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor out = at::empty({kNumAttentionStats}, block_table.options().dtype(at::kDouble));
+  const int64_t batch = block_table.size(0), max_blocks = block_table.size(1), entries = batch * max_blocks;
+  const int scan_ctas = scan_ctas_for(entries, int64_t{kScanThreads} * kScanUnroll, block_table.get_device());
+  at::Tensor flags = at::empty({entries > 0 ? scan_ctas : 0}, block_table.options());
+  if (entries > 0) {
+    block_ids_in_range_kernel<<<scan_ctas, kScanThreads, 0, stream>>>(
+        block_table.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), max_blocks, entries, block_size, num_blocks,
+        flags.data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  attention_stats_finish_kernel<<<1, kFinishThreads, 0, stream>>>(
+      seq_lens.data_ptr<int32_t>(), cu_query_lens.data_ptr<int32_t>(), batch, block_size, flags.data_ptr<int32_t>(),
+      static_cast<int>(flags.numel()), out.data_ptr<double>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(specops, CUDA, m) { m.impl("sampling_value_stats", &sampling_value_stats_cuda); }
+TORCH_LIBRARY_IMPL(specops, CUDA, m) {
+  m.impl("sampling_value_stats", &sampling_value_stats_cuda);
+  m.impl("paged_attention_value_stats", &paged_attention_value_stats_cuda);
+}
 
 }  // namespace specops

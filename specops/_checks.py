@@ -216,11 +216,14 @@ def _value_stats_problem(cu, token_ids, target_logits, bonus_logits, temperature
     return None
 
 
-def check_sampling_value_stats(cu, token_ids, target_logits, bonus_logits, temperature, top_p) -> None:
-    problem = _value_stats_problem(cu, token_ids, target_logits, bonus_logits, temperature, top_p)
+def _raise(problem) -> None:
     if problem is not None:
         error, message = problem
         raise error(message)
+
+
+def check_sampling_value_stats(cu, token_ids, target_logits, bonus_logits, temperature, top_p) -> None:
+    _raise(_value_stats_problem(cu, token_ids, target_logits, bonus_logits, temperature, top_p))
 
 
 def _native_value_stats(device: torch.device) -> bool:
@@ -455,14 +458,42 @@ def check_paged_attention(
     )
 
 
+def _attention_value_stats_problem(block_table, seq_lens, cu_query_lens, block_size: int):
+    """Why torch.ops.specops.paged_attention_value_stats would refuse these arguments, as
+    (error type, message), or None (mirror of csrc/value_stats_checks.cpp)."""
+    for name, t in (("block_table", block_table), ("seq_lens", seq_lens), ("cu_query_lens", cu_query_lens)):
+        if t.device != block_table.device:
+            return ValueError, f"{name} must be on the same device as block_table ({block_table.device}), got {t.device}"
+        if t.dtype != torch.int32:
+            return TypeError, f"{name} must be int32, got {t.dtype}"
+        if not t.is_contiguous():
+            return ValueError, f"{name} must be contiguous"
+    if block_table.dim() != 2:
+        return ValueError, f"block_table must have shape [batch, max_blocks], got {_shape(block_table)}"
+    batch = block_table.shape[0]
+    if seq_lens.shape != (batch,):
+        return ValueError, f"seq_lens must have shape [batch] = [{batch}], got {_shape(seq_lens)}"
+    if cu_query_lens.shape != (batch + 1,):
+        return ValueError, f"cu_query_lens must have shape [batch + 1] = [{batch + 1}], got {_shape(cu_query_lens)}"
+    if block_size < 1:
+        return ValueError, f"block_size must be >= 1, got {block_size}"
+    return None
+
+
+def check_paged_attention_value_stats(block_table, seq_lens, cu_query_lens, block_size: int) -> None:
+    _raise(_attention_value_stats_problem(block_table, seq_lens, cu_query_lens, block_size))
+
+
 def validate_paged_attention_values(
     block_table, seq_lens, cu_query_lens, num_query_tokens: int, block_size: int, num_blocks: int
 ) -> None:
     """cu_query_lens non-decreasing from 0 to num_query_tokens; every seq_len >= its
     query length and addressable by the block table; every block id a sequence uses (the
-    first ceil(seq_len / block_size) of its row) inside [0, num_blocks). One device sync
-    on a GPU."""
-    batch, max_blocks = block_table.shape
+    first ceil(seq_len / block_size) of its row) inside [0, num_blocks). One op
+    (torch.ops.specops.paged_attention_value_stats) and one device sync on a GPU; skipped
+    for tensors that op does not take (a dtype, a shape), which paged_attention's own
+    checks reject in every backend, the reference's included."""
+    batch, max_blocks = block_table.shape if block_table.dim() == 2 else (None, None)
     if batch == 0:
         if cu_query_lens.tolist() != [0] or num_query_tokens != 0:
             raise ValueError(
@@ -470,31 +501,27 @@ def validate_paged_attention_values(
                 f"{num_query_tokens} rows"
             )
         return
-    cu = cu_query_lens.long()
-    q_lens = cu[1:] - cu[:-1]  # [B]
-    lens = seq_lens.long()
-    blocks_used = (lens.clamp(min=0) + block_size - 1) // block_size  # [B]
-    used = torch.arange(max_blocks, device=block_table.device)[None, :] < blocks_used[:, None]
-    ids = block_table.long()
-    bad_ids = used & ((ids < 0) | (ids >= num_blocks))
-    first, last, min_q_len, min_slack, most_blocks, any_bad = torch.stack(
-        [cu[0], cu[-1], q_lens.min(), (lens - q_lens).min(), blocks_used.max(), bad_ids.any().long()]
-    ).tolist()
+    if _attention_value_stats_problem(block_table, seq_lens, cu_query_lens, block_size) is not None:
+        return  # paged_attention's own checks name the argument (every backend runs them)
+    args = (block_table, seq_lens, cu_query_lens, block_size, num_blocks)
+    stats_of = (torch.ops.specops.paged_attention_value_stats if _native_value_stats(block_table.device)
+                else reference_checks.paged_attention_value_stats)
+    first, last, min_q_len, min_slack, most_blocks, any_bad = stats_of(*args).tolist()
     if first != 0 or min_q_len < 0:
         raise ValueError("cu_query_lens must start at 0 and be non-decreasing")
     if last != num_query_tokens:
         raise ValueError(
-            f"cu_query_lens is inconsistent with num_query_tokens: its last entry is {last}, "
+            f"cu_query_lens is inconsistent with num_query_tokens: its last entry is {int(last)}, "
             f"query has {num_query_tokens} rows"
         )
     if min_slack < 0:
         raise ValueError(
             "seq_lens must be >= each sequence's query length (cu_query_lens[b + 1] - cu_query_lens[b]): "
-            f"a sequence has {-min_slack} fewer keys than queries"
+            f"a sequence has {int(-min_slack)} fewer keys than queries"
         )
     if most_blocks > max_blocks:
         raise ValueError(
-            f"seq_lens is too long for block_table: a sequence needs {most_blocks} blocks of {block_size} "
+            f"seq_lens is too long for block_table: a sequence needs {int(most_blocks)} blocks of {block_size} "
             f"tokens but block_table has {max_blocks} columns"
         )
     if any_bad:

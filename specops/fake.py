@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from specops import _checks
-from specops.reference.checks import STATS
+from specops.reference.checks import ATTENTION_STATS, STATS
 
 NAMESPACES = ("specops", "specops_triton")
 
@@ -119,7 +119,7 @@ def _paged_attention_fake(
     return out, lse
 
 
-# The value checks' statistics: torch.ops.specops only (reference/checks.py; no Triton kernel).
+# The value checks' statistics: torch.ops.specops only (reference/checks.py; no Triton kernels).
 
 
 @torch.library.register_fake("specops::sampling_value_stats")
@@ -127,3 +127,9 @@ def _sampling_value_stats_fake(cu_num_draft_tokens, token_ids, target_logits, bo
     _checks.check_sampling_value_stats(cu_num_draft_tokens, token_ids, target_logits, bonus_logits, temperature,
                                        top_p)
     return cu_num_draft_tokens.new_empty((len(STATS),), dtype=torch.float64)
+
+
+@torch.library.register_fake("specops::paged_attention_value_stats")
+def _paged_attention_value_stats_fake(block_table, seq_lens, cu_query_lens, block_size, num_blocks):
+    _checks.check_paged_attention_value_stats(block_table, seq_lens, cu_query_lens, block_size)
+    return block_table.new_empty((len(ATTENTION_STATS),), dtype=torch.float64)

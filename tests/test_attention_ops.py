@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 from attention_inputs import TOLERANCES, make_batch, reference_float64, relative_error
-from conftest import backend_params
+from conftest import backend_params, requires_gpu
 from specops.reference import attention as reference
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -343,12 +343,15 @@ VALUE_ERRORS = [
 ]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_gpu])])
 @pytest.mark.parametrize("mutate,match", VALUE_ERRORS, ids=[e[0].__name__ for e in VALUE_ERRORS])
-def test_value_errors_name_the_argument(mutate, match):
-    inputs = make_batch([20, 3], [5, 1], 4, 2, 64, 16, torch.float32, seed=13)
+def test_value_errors_name_the_argument(mutate, match, device):
+    inputs = make_batch([20, 3], [5, 1], 4, 2, 64, 16, torch.float16, seed=13)
     mutate(inputs)
+    inputs = {k: v.to(device) for k, v in inputs.items()}
     with pytest.raises(ValueError, match=match):
         specops.paged_attention(*inputs.values(), 0.125)
+    specops.paged_attention(*inputs.values(), 0.125, validate=False)  # unvalidated, the kernels take it
 
 
 def test_reshape_and_cache_errors_name_the_argument():

@@ -1,8 +1,9 @@
-"""torch.ops.specops.sampling_value_stats, the statistics behind the sampling ops' value
-checks: every kernel (C++ CPU, CUDA) equal to reference/checks.py on fresh random inputs,
-with non-finite logits at awkward places (first and last element, the unaligned edges of a
-view, past the first CTA's share), every dtype, empty tensors and extreme ids; opcheck;
-named argument errors; the one-op path of validate=True."""
+"""torch.ops.specops.sampling_value_stats and paged_attention_value_stats, the statistics
+behind the ops' value checks: every kernel (C++ CPU, CUDA) equal to reference/checks.py on
+fresh random inputs, with non-finite logits at awkward places (first and last element, the
+unaligned edges of a view, past the first CTA's share), every dtype, empty tensors, extreme
+ids, block ids out of range in used and unused entries; opcheck; named argument errors; the
+one-op path of validate=True."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ import specops
 from conftest import HAS_CUDA, requires_gpu
 from verify_inputs import make_inputs
 from specops import _checks
-from specops.reference.checks import EMPTY_MAX, EMPTY_MIN, STATS, sampling_value_stats as reference_stats
+from specops.reference.checks import ATTENTION_STATS, EMPTY_MAX, EMPTY_MIN, STATS
+from specops.reference.checks import paged_attention_value_stats as reference_attention_stats
+from specops.reference.checks import sampling_value_stats as reference_stats
 
 DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else [])
 LOGIT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 op = torch.ops.specops.sampling_value_stats
+attention_op = torch.ops.specops.paged_attention_value_stats
 
 
 def _poison_allocator(device: str) -> None:
@@ -210,3 +214,93 @@ def test_validation_takes_the_op_and_falls_back_for_odd_arguments(device, monkey
     with pytest.raises(ValueError, match="target_logits holds NaN"):  # the op's verdict
         specops.verify(*{**inputs, "target_logits": inputs["target_logits"] * float("nan")}.values(), 3)
     assert counts == {"op": 2, "reference": 1}
+
+
+# ---- paged_attention_value_stats ----
+
+
+def make_tables(batch, max_blocks, block_size, num_blocks, device, seed):
+    """A block table, seq_lens (some 0, negative, past the table) and cu_query_lens (some
+    decreasing steps), with bad block ids in used and in unused entries."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randint(0, num_blocks, (batch, max_blocks), generator=g, dtype=torch.int32)
+    seq_lens = torch.randint(-3, max_blocks * block_size + block_size, (batch,), generator=g, dtype=torch.int32)
+    query_lens = torch.randint(0, 6, (batch,), generator=g)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), query_lens.cumsum(0)]).to(torch.int32)
+    return [t.to(device) for t in (table, seq_lens, cu)]
+
+
+def assert_attention_stats_equal(args, block_size, num_blocks, device):
+    _poison_allocator(device)
+    got = attention_op(*args, block_size, num_blocks)
+    expected = reference_attention_stats(*[a.cpu() for a in args], block_size, num_blocks)
+    assert got.device.type == device and got.dtype == torch.float64 and got.shape == (len(ATTENTION_STATS),)
+    assert not torch.isnan(got).any(), got
+    assert got.cpu().tolist() == expected.tolist(), dict(zip(ATTENTION_STATS, zip(got.tolist(), expected.tolist())))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch,max_blocks,block_size", [(1, 1, 16), (3, 7, 16), (9, 33, 1), (40, 130, 64)])
+def test_attention_stats_match_reference(device, batch, max_blocks, block_size):
+    num_blocks = 3 * max_blocks
+    table, seq_lens, cu = make_tables(batch, max_blocks, block_size, num_blocks, device, seed=batch + max_blocks)
+    assert_attention_stats_equal([table, seq_lens, cu], block_size, num_blocks, device)
+    for b in range(batch):  # one bad id at a time: at a used entry's edge (flagged) and past it (not)
+        used = min(max(0, -(-int(seq_lens[b]) // block_size)), max_blocks)
+        for j, value in ((used - 1, num_blocks), (used - 1, -1), (used, -5), (0, num_blocks + 7)):
+            if 0 <= j < max_blocks:
+                bad = table.clone()
+                bad[b, j] = value
+                assert_attention_stats_equal([bad, seq_lens, cu], block_size, num_blocks, device)
+    spoiled = cu.clone()
+    spoiled[batch // 2 + 1] = -4
+    assert_attention_stats_equal([table, seq_lens, spoiled], block_size, num_blocks, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_stats_of_an_empty_batch_or_table(device):
+    empty = torch.empty(0, dtype=torch.int32, device=device)
+    zero = torch.zeros(1, dtype=torch.int32, device=device)
+    assert_attention_stats_equal([empty.view(0, 4), empty, zero], 16, 5, device)
+    got = attention_op(empty.view(0, 4), empty, zero, 16, 5).cpu().tolist()
+    assert got == [0, 0, float(EMPTY_MIN), float(EMPTY_MIN), float(EMPTY_MAX), 0]
+    seq_lens = torch.tensor([0, 5], dtype=torch.int32, device=device)  # a table of no columns
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
+    assert_attention_stats_equal([empty.view(2, 0), seq_lens, cu], 16, 5, device)
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_gpu_attention_stats_full_size():
+    """B=128 sequences of up to 16384 keys in 16-key blocks: many CTAs over the table."""
+    table, seq_lens, cu = make_tables(128, 1024, 16, 200_000, "cuda", seed=5)
+    assert_attention_stats_equal([table, seq_lens, cu], 16, 200_000, "cuda")
+    g = torch.Generator().manual_seed(2)
+    for b in torch.randint(0, 128, (5,), generator=g).tolist():
+        used = min(max(0, -(-int(seq_lens[b]) // 16)), 1024)
+        if used:
+            bad = table.clone()
+            bad[b, used - 1] = -1
+            assert attention_op(bad, seq_lens, cu, 16, 200_000).tolist()[ATTENTION_STATS.index("bad_block_id")] == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_stats_opcheck_and_errors(device):
+    table, seq_lens, cu = make_tables(3, 5, 16, 20, device, seed=1)
+    torch.library.opcheck(attention_op.default, (table, seq_lens, cu, 16, 20))
+    cases = [
+        ((table.long(), seq_lens, cu, 16), TypeError, "block_table must be int32"),
+        ((table, seq_lens.long(), cu, 16), TypeError, "seq_lens must be int32"),
+        ((table.t(), seq_lens, cu, 16), ValueError, "block_table must be contiguous"),
+        ((table[0], seq_lens, cu, 16), ValueError, "block_table must have shape"),
+        ((table, seq_lens[:2], cu, 16), ValueError, r"seq_lens must have shape \[batch\] = \[3\]"),
+        ((table, seq_lens, cu[:3], 16), ValueError, r"cu_query_lens must have shape \[batch \+ 1\] = \[4\]"),
+        ((table, seq_lens, cu, 0), ValueError, "block_size must be >= 1"),
+    ]
+    if device == "cuda":
+        cases.append(((table, seq_lens.cpu(), cu, 16), ValueError, "seq_lens must be on the same device"))
+    for args, error, words in cases:
+        with pytest.raises((error, RuntimeError), match=words):
+            attention_op(*args, 20)
+        with pytest.raises(error, match=words):
+            _checks.check_paged_attention_value_stats(*args)
