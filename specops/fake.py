@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specops import _checks
+from specops import _checks, _value_checks
 from specops.reference.checks import ATTENTION_STATS, STATS
 
 NAMESPACES = ("specops", "specops_triton")
@@ -124,12 +124,12 @@ def _paged_attention_fake(
 
 @torch.library.register_fake("specops::sampling_value_stats")
 def _sampling_value_stats_fake(cu_num_draft_tokens, token_ids, target_logits, bonus_logits, temperature, top_p):
-    _checks.check_sampling_value_stats(cu_num_draft_tokens, token_ids, target_logits, bonus_logits, temperature,
+    _value_checks.check_sampling_value_stats(cu_num_draft_tokens, token_ids, target_logits, bonus_logits, temperature,
                                        top_p)
     return cu_num_draft_tokens.new_empty((len(STATS),), dtype=torch.float64)
 
 
 @torch.library.register_fake("specops::paged_attention_value_stats")
 def _paged_attention_value_stats_fake(block_table, seq_lens, cu_query_lens, block_size, num_blocks):
-    _checks.check_paged_attention_value_stats(block_table, seq_lens, cu_query_lens, block_size)
+    _value_checks.check_paged_attention_value_stats(block_table, seq_lens, cu_query_lens, block_size)
     return block_table.new_empty((len(ATTENTION_STATS),), dtype=torch.float64)

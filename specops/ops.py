@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from specops import _checks
+from specops import _checks, _value_checks
 from specops.backend import Backend, resolve
 from specops.reference import attention as reference_attention
 from specops.reference import sampling as reference
@@ -102,7 +102,7 @@ def expand_to_tokens(
     """
     chosen = resolve(backend, values.device)
     if _should_validate(validate, values.device):
-        _checks.validate_sampling_values(cu_num_draft_tokens, num_tokens, None)
+        _value_checks.validate_sampling_values(cu_num_draft_tokens, num_tokens, None)
     return _op("expand_to_tokens", chosen)(values, cu_num_draft_tokens, num_tokens, replace_from, replace_to)
 
 
@@ -145,7 +145,7 @@ def rejection_greedy_sample(
     device = output_token_ids.device
     chosen = resolve(backend, device)
     if _should_validate(validate, device):
-        _checks.validate_sampling_values(
+        _value_checks.validate_sampling_values(
             cu_num_draft_tokens, draft_token_ids.shape[0], output_token_ids.shape[-1] - 1
         )
     _op("rejection_greedy_sample", chosen)(
@@ -188,7 +188,7 @@ def rejection_random_sample(
     device = output_token_ids.device
     chosen = resolve(backend, device)
     if _should_validate(validate, device):
-        _checks.validate_sampling_values(
+        _value_checks.validate_sampling_values(
             cu_num_draft_tokens, draft_token_ids.shape[0], output_token_ids.shape[-1] - 1, draft_token_ids,
             target_probs.shape[-1],
         )
@@ -233,7 +233,7 @@ def sample_recovered_tokens(
     device = target_probs.device
     chosen = resolve(backend, device)
     if _should_validate(validate, device):
-        _checks.validate_sampling_values(
+        _value_checks.validate_sampling_values(
             cu_num_draft_tokens, draft_token_ids.shape[0], None, draft_token_ids, target_probs.shape[-1]
         )
     return _op("sample_recovered_tokens", chosen)(
@@ -308,7 +308,7 @@ def verify(
         or triton_faster_eagerly(num_logits, top_k is not None or top_p is not None, return_logprobs))
     chosen = resolve(backend, device, op="verify", missing=(Backend.CUDA,) if skip_cuda and backend is None else ())
     if _should_validate(validate, device):
-        _checks.validate_sampling_values(  # one op, one device sync
+        _value_checks.validate_sampling_values(  # one op, one device sync
             cu_num_draft_tokens, draft_token_ids.shape[0], max_spec_len, draft_token_ids, target_logits.shape[-1],
             target_logits, bonus_logits, temperature, top_p,
         )
@@ -418,7 +418,7 @@ def reshape_and_cache(
     device = key_cache.device
     chosen = resolve(backend, device, op="reshape_and_cache")
     if _should_validate(validate, device):
-        _checks.validate_slot_mapping(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
+        _value_checks.validate_slot_mapping(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
     _op("reshape_and_cache", chosen)(key, value, key_cache, value_cache, slot_mapping)
 
 
@@ -489,7 +489,7 @@ def paged_attention(
         _checks.check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
                                       sliding_window, soft_cap, max_query_len)
     if _should_validate(validate, device):
-        _checks.validate_paged_attention_values(
+        _value_checks.validate_paged_attention_values(
             block_table, seq_lens, cu_query_lens, query.shape[0], key_cache.shape[1], key_cache.shape[0]
         )
     return _op("paged_attention", chosen)(

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import specops
 from conftest import HAS_CUDA, requires_gpu
 from verify_inputs import make_inputs
-from specops import _checks
+from specops import _value_checks
 from specops.reference.checks import ATTENTION_STATS, EMPTY_MAX, EMPTY_MIN, STATS
 from specops.reference.checks import paged_attention_value_stats as reference_attention_stats
 from specops.reference.checks import sampling_value_stats as reference_stats
@@ -186,7 +186,7 @@ def test_bad_arguments_raise_named_errors(device):
         with pytest.raises((error, RuntimeError), match=words):
             op(*args)
         with pytest.raises(error, match=words):  # the fake kernel's message
-            _checks.check_sampling_value_stats(*args)
+            _value_checks.check_sampling_value_stats(*args)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -202,8 +202,8 @@ def test_validation_takes_the_op_and_falls_back_for_odd_arguments(device, monkey
             return fn(*args)
         return call
 
-    monkeypatch.setattr(_checks.reference_checks, "sampling_value_stats",
-                        counted("reference", _checks.reference_checks.sampling_value_stats))
+    monkeypatch.setattr(_value_checks.reference_checks, "sampling_value_stats",
+                        counted("reference", _value_checks.reference_checks.sampling_value_stats))
     monkeypatch.setattr(torch.ops.specops, "sampling_value_stats", counted("op", op))
     inputs = {k: v.to(device) if v is not None else None for k, v in make_inputs([2, 0, 3], 50, seed=4).items()}
     specops.verify(*inputs.values(), 3)
@@ -303,4 +303,4 @@ def test_attention_stats_opcheck_and_errors(device):
         with pytest.raises((error, RuntimeError), match=words):
             attention_op(*args, 20)
         with pytest.raises(error, match=words):
-            _checks.check_paged_attention_value_stats(*args)
+            _value_checks.check_paged_attention_value_stats(*args)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specops import _checks, ops
+from specops import _value_checks, ops
 from specops.engine.config import LlamaConfig, rope_inverse_frequencies
 from specops.engine.kv_cache import AttentionBatch, KVCache
 
@@ -141,7 +141,7 @@ def _triton_rope_cache(qkv, cos, sin, num_heads, num_kv_heads, key_cache, value_
     from specops.triton_kernels.rope_cache import rope_cache as triton_rope_cache
 
     if validate:  # the values reshape_and_cache would check: the kernel skips a bad slot silently
-        _checks.validate_slot_mapping(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
+        _value_checks.validate_slot_mapping(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
     return triton_rope_cache(qkv, cos, sin, num_heads, num_kv_heads, key_cache, value_cache, slot_mapping)
 
 
