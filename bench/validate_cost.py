@@ -102,7 +102,6 @@ def main() -> None:
             us = per_call_us(fn, args.rounds, args.calls)
             rows.append({"bench": "validate", "impl": name, "shape": shape, "us": round(us, 1)})
             print(f"{shape:36s} {name:36s} {us:8.1f} us", flush=True)
-        del x, call, tables
     if args.out:
         env = common.env_stamp(device)
         print("wrote", common.write_results("validate", env, rows, args.out))

@@ -17,6 +17,7 @@ from specops.reference import checks as reference_checks
 
 # ---- the sampling ops ----
 
+
 def _value_stats_problem(cu, token_ids, target_logits, bonus_logits, temperature, top_p):
     """Why torch.ops.specops.sampling_value_stats would refuse these tensors, as (error
     type, message), or None (mirror of csrc/value_stats_checks.cpp)."""
@@ -122,7 +123,8 @@ def _attention_value_stats_problem(block_table, seq_lens, cu_query_lens, block_s
     (error type, message), or None (mirror of csrc/value_stats_checks.cpp)."""
     for name, t in (("block_table", block_table), ("seq_lens", seq_lens), ("cu_query_lens", cu_query_lens)):
         if t.device != block_table.device:
-            return ValueError, f"{name} must be on the same device as block_table ({block_table.device}), got {t.device}"
+            return ValueError, (f"{name} must be on the same device as block_table ({block_table.device}), "
+                                f"got {t.device}")
         if t.dtype != torch.int32:
             return TypeError, f"{name} must be int32, got {t.dtype}"
         if not t.is_contiguous():
