@@ -7,14 +7,11 @@
 #include <cstring>
 #include <limits>
 
+#include "sampling.h"  // token_ids
 #include "value_stats.h"
 
 namespace specops {
 namespace {
-
-int64_t value_at(const at::Tensor& t, int64_t i) {  // an int32 | int64 element
-  return t.scalar_type() == at::kLong ? t.data_ptr<int64_t>()[i] : t.data_ptr<int32_t>()[i];
-}
 
 // Whether a logits tensor holds NaN or +-inf, tested on each element's bits.
 bool any_non_finite(const std::optional<at::Tensor>& logits) {
@@ -45,25 +42,26 @@ bool any_float(const std::optional<at::Tensor>& t, Bad bad) {
   return std::any_of(v, v + t->numel(), bad);
 }
 
-at::Tensor sampling_value_stats_cpu(const at::Tensor& cu_num_draft_tokens, const std::optional<at::Tensor>& token_ids,
+at::Tensor sampling_value_stats_cpu(const at::Tensor& cu_num_draft_tokens, const std::optional<at::Tensor>& ids_arg,
                                     const std::optional<at::Tensor>& target_logits,
                                     const std::optional<at::Tensor>& bonus_logits,
                                     const std::optional<at::Tensor>& temperature,
                                     const std::optional<at::Tensor>& top_p) {
-  check_sampling_value_stats({cu_num_draft_tokens, token_ids, target_logits, bonus_logits, temperature, top_p});
+  check_sampling_value_stats({cu_num_draft_tokens, ids_arg, target_logits, bonus_logits, temperature, top_p});
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
   int64_t min_count = kMax, max_count = kMin, previous = 0;
   const int64_t batch = cu_num_draft_tokens.numel();
+  const TokenIds cu_values = token_ids(cu_num_draft_tokens);  // int32 | int64
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t cu = value_at(cu_num_draft_tokens, b);
+    const int64_t cu = cu_values[b];
     min_count = std::min(min_count, cu - previous);
     max_count = std::max(max_count, cu - previous);
     previous = cu;
   }
   int64_t min_id = kMax, max_id = kMin;
-  for (int64_t i = 0; token_ids.has_value() && i < token_ids->numel(); ++i) {
-    min_id = std::min(min_id, value_at(*token_ids, i));
-    max_id = std::max(max_id, value_at(*token_ids, i));
+  if (ids_arg.has_value()) {
+    const TokenIds ids = token_ids(*ids_arg);
+    for (int64_t i = 0; i < ids_arg->numel(); ++i) min_id = std::min(min_id, ids[i]), max_id = std::max(max_id, ids[i]);
   }
   at::Tensor out = at::empty({kNumValueStats}, cu_num_draft_tokens.options().dtype(at::kDouble));
   double* stats = out.data_ptr<double>();

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 ID_DTYPES = (torch.int32, torch.int64)
 
 

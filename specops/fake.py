@@ -124,8 +124,8 @@ def _paged_attention_fake(
 
 @torch.library.register_fake("specops::sampling_value_stats")
 def _sampling_value_stats_fake(cu_num_draft_tokens, token_ids, target_logits, bonus_logits, temperature, top_p):
-    _value_checks.check_sampling_value_stats(cu_num_draft_tokens, token_ids, target_logits, bonus_logits, temperature,
-                                       top_p)
+    _value_checks.check_sampling_value_stats(cu_num_draft_tokens, token_ids, target_logits, bonus_logits,
+                                             temperature, top_p)
     return cu_num_draft_tokens.new_empty((len(STATS),), dtype=torch.float64)
 
 
