@@ -25,9 +25,9 @@ import specops
 
 ROUNDS = 5
 # (B, top_k, top_p, return_logprobs)
-CASES = ([(B, 50, 0.9, False) for B in (1, 4, 8, 12, 16, 32)]
-         + [(B, None, None, False) for B in (1, 64, 96, 128, 160, 208)]
-         + [(B, None, None, True) for B in (1, 16, 32, 48, 64)])
+CASES = ([(B, 50, 0.9, False) for B in (1, 2, 4, 8, 12, 16, 32)]
+         + [(B, None, None, False) for B in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)]
+         + [(B, None, None, True) for B in (1, 4, 8, 16, 32, 48, 64)])
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from ab_verify import graph_of, shape_call
 import common
 import specops
 from specops.triton_kernels import launch, launch_plan
+from specops.triton_kernels import verify as verify_kernels
 
 
 def host_us(fn, calls: int = 40) -> float:
@@ -52,13 +53,18 @@ def main() -> None:
         print(f"{label} {backend}: graph replay {replay_us:.1f} us", flush=True)
         # Eager, the Triton kernels launched through JITFunction.run, directly (launch.DIRECT),
         # and replayed from plans (launch_plan.ENABLED), in alternating rounds.
-        forms = ((False, False), (True, False), (True, True)) if backend == "triton" else ((True, True),)
+        # (direct, planned, native): plans replayed by specops._C.LaunchPlan or by each kernel's
+        # Python launcher (launch_plan.NATIVE; a form change records the plans afresh).
+        forms = (((False, False, False), (True, False, False), (True, True, False), (True, True, True))
+                 if backend == "triton" else ((True, True, True),))
+        names = {(False, False, False): " (JITFunction.run)", (True, False, False): " (direct launches)",
+                 (True, True, False): " (plans, Python replay)", (True, True, True): " (plans, native replay)"}
         for _ in range(3 if backend == "triton" else 1):
-            for direct, planned in forms:
-                launch.DIRECT, launch_plan.ENABLED = direct, planned
+            for form in forms:
+                launch.DIRECT, launch_plan.ENABLED, launch_plan.NATIVE = form
+                verify_kernels.verify.plans.clear()
                 eager_us = common.time_us(eager, device, iters=100)
-                how = ("" if backend != "triton" else " (plans)" if planned else " (direct launches)" if direct
-                       else " (JITFunction.run)")
+                how = names[form] if backend == "triton" else ""
                 print(f"  eager{how} {eager_us:.1f} us, host {host_us(eager):.1f} us", flush=True)
         # With the value checks (validate=True, the default: one device sync a call).
         def validated(backend=backend):

@@ -9,6 +9,9 @@
 #include <torch/library.h>
 
 #include "build_info.h"
+#ifdef SPECOPS_WITH_CUDA
+#include "launch_replay.h"
+#endif
 
 namespace {
 
@@ -103,4 +106,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "specops native extension: build information (the ops live in torch.ops.specops)";
   m.def("build_info", &specops::build_info,
         "Backends compiled in, CUDA arch list and the versions the extension was built with.");
+#ifdef SPECOPS_WITH_CUDA
+  specops::define_launch_replay(m);
+#endif
 }

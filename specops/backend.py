@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import importlib.util
 import os
 
@@ -39,15 +40,20 @@ def triton_runs_on(device: torch.device) -> bool:
 def available_backends(device: torch.device) -> list[Backend]:
     """Every backend that can run on tensors of ``device``, fastest first."""
     device = torch.device(device)
+    return list(_available(device.type, os.environ.get("TRITON_INTERPRET")))
+
+
+@functools.cache  # every op call asks (the interpreter's variable read each time)
+def _available(device_type: str, interpret: str | None) -> tuple[Backend, ...]:
     backends = []
-    if device.type == "cuda" and _CUDA_KERNELS_BUILT:
+    if device_type == "cuda" and _CUDA_KERNELS_BUILT:
         backends.append(Backend.CUDA)
-    if device.type == "cpu":
+    if device_type == "cpu":
         backends.append(Backend.CPU)
-    if triton_runs_on(device):
+    if _TRITON_INSTALLED and (device_type == "cuda" or (device_type == "cpu" and interpret == "1")):
         backends.append(Backend.TRITON)
     backends.append(Backend.REFERENCE)
-    return backends
+    return tuple(backends)
 
 
 def resolve(
@@ -56,7 +62,9 @@ def resolve(
     """The backend to use: the one asked for (checked to run on ``device``), else the
     fastest available. ``missing`` names the backends ``op`` has no kernel for yet: they are
     skipped by the default choice and raise NotImplementedError when asked for."""
-    available = [b for b in available_backends(device) if b not in missing]
+    available = _available(device.type, os.environ.get("TRITON_INTERPRET"))
+    if missing:
+        available = tuple(b for b in available if b not in missing)
     if backend is None:
         return available[0]
     chosen = Backend(backend)

@@ -154,10 +154,19 @@ CASES = {
 }
 
 
+def _native_built() -> bool:
+    from specops import _C
+
+    return hasattr(_C, "LaunchPlan")
+
+
 @requires_gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_replays_equal_the_launcher(case, replays):
+def test_replays_equal_the_launcher(case, native, replays, monkeypatch):
+    """Both replay forms: specops._C.LaunchPlan (CUDA builds) and the kernels' own launchers."""
+    monkeypatch.setattr(launch_plan, "NATIVE", native)
     counts, vocab, options, no_temperature, logprobs = CASES[case]
     for call in range(5):  # fresh inputs (new pointers and values) every call
         inputs = _cuda(make_inputs(counts, vocab, seed=100 + call, **options))
@@ -169,6 +178,77 @@ def test_replays_equal_the_launcher(case, replays):
             assert g.shape == w.shape and g.dtype == w.dtype
             assert torch.equal(g, w), (case, call)
     assert len(replays) >= 3, "the calls after the recorded one replay its plan"
+    plans = [p for p in triton_verify.verify.plans.values() if isinstance(p, launch_plan._Plan)]
+    assert plans and all((p.native is not None) == (native and _native_built()) for p in plans)
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_native_keys_hold_what_a_plan_depends_on():
+    """specops._C.plan_key: the same key for fresh tensors of the same layout and the same
+    host values; another for each change a replay could get wrong; None for an argument it
+    cannot key (the caller keys those itself); the pointers in argument order."""
+    from specops import _C
+
+    if not hasattr(_C, "plan_key"):
+        pytest.skip("specops._C built without CUDA")
+    a, b = torch.randn(4, 8, device="cuda"), torch.arange(6, device="cuda")
+    base = (a, None, b, 4, 2.5, True)
+    key, pointers = _C.plan_key(base)
+    assert pointers == [a.data_ptr(), 0, b.data_ptr(), 0, 0, 0]
+    assert _C.plan_key((torch.randn(4, 8, device="cuda"), None, torch.arange(6, device="cuda"), 4, 2.5, True))[0] == key
+    buffer = torch.empty(33, device="cuda")
+    changed = [
+        (torch.randn(4, 9, device="cuda"), None, b, 4, 2.5, True),  # shape
+        (a.double(), None, b, 4, 2.5, True),  # dtype
+        (torch.randn(8, 4, device="cuda").t(), None, b, 4, 2.5, True),  # strides, not contiguous
+        (buffer[1:].view(4, 8), None, b, 4, 2.5, True),  # not 16-byte aligned
+        (a.cpu(), None, b, 4, 2.5, True),  # device
+        (a, b, b, 4, 2.5, True),  # None -> a tensor
+        (a, None, b, 5, 2.5, True),  # int value
+        (a, None, b, 4.0, 2.5, True),  # int -> float
+        (a, None, b, 4, 2.25, True),  # float value
+        (a, None, b, 4, 2.5, False),  # bool value
+        (a, None, b, True, 2.5, True),  # int 4 -> bool
+    ]
+    keys = [_C.plan_key(args)[0] for args in changed]
+    assert key not in keys and len(set(keys)) == len(keys)
+    for odd in ("text", [1], (1,), 2**63, torch.float32):
+        assert _C.plan_key((a, odd)) is None
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_native_plans_refuse_malformed_records():
+    from specops import _C
+
+    if not hasattr(_C, "LaunchPlan"):
+        pytest.skip("specops._C built without CUDA")
+    out = [torch.empty(3, dtype=torch.int32, device="cuda")]
+    params = bytes(24)
+
+    def launch(offsets=(0, 8, 16), patches=()):
+        return (0, (1, 1, 1), 32, 0, 1, False, False, params, list(offsets), list(patches))
+
+    _C.LaunchPlan(out, 64, 2, [launch(patches=[(0, 0, 1), (8, 1, 0), (16, 2, 8)])])  # well formed
+    bad = [
+        ([launch(offsets=(0, 4))], "offset"),  # not 8-byte aligned
+        ([launch(offsets=(0, 24))], "offset"),  # past the parameters
+        ([launch(patches=[(20, 0, 0)])], "patch"),
+        ([launch(patches=[(0, 0, 2)])], "input index"),
+        ([launch(patches=[(0, 1, 1)])], "output index"),
+        ([launch(patches=[(0, 2, 64)])], "workspace offset"),
+        ([launch(patches=[(0, 7, 0)])], "source"),
+        ([launch()[:9]], "10 fields"),
+    ]
+    for launches, words in bad:
+        with pytest.raises(ValueError, match=words):
+            _C.LaunchPlan(out, 64, 2, launches)
+    plan = _C.LaunchPlan(out, 0, 2, [])
+    with pytest.raises(ValueError, match="expected 2 input pointers"):
+        plan.replay([0], 0)
+    (fresh,) = plan.replay([0, 0], torch.cuda.current_stream().cuda_stream)
+    assert fresh.shape == (3,) and fresh.dtype == torch.int32 and fresh.is_cuda
 
 
 @requires_gpu

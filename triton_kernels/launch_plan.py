@@ -22,6 +22,7 @@ differs from its value at import, as tests and bench/ab_verify.py set them.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import types
@@ -111,12 +112,18 @@ class _Plan:
     outputs: tuple[tuple[tuple[int, ...], torch.dtype], ...]
     workspace_bytes: int
     launches: tuple[_Launch, ...]
+    native: object = None  # specops._C.LaunchPlan of the same launches (CUDA builds), or None
 
-    def replay(self, args: tuple, device: torch.device, stream: int):
+    def replay(self, args: tuple, device: torch.device, stream: int, pointers: list[int] | None = None):
+        """The outputs of a call with ``args`` (``pointers``: each argument's data pointer, 0
+        for a non-tensor, when the caller has them)."""
+        if pointers is None:
+            pointers = [a.data_ptr() if isinstance(a, torch.Tensor) else 0 for a in args]
+        if self.native is not None:
+            return tuple(self.native.replay(pointers, stream))
         outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.outputs]
         scratch = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=device) if self.workspace_bytes else None
         base = scratch.data_ptr() if scratch is not None else 0
-        pointers = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
         out_pointers = [o.data_ptr() for o in outs]
         for step in self.launches:
             values = list(step.constants)
@@ -128,6 +135,51 @@ class _Plan:
                 values[at] = base + offset
             step.launch(*step.grid, stream, *step.head, *values)
         return tuple(outs)
+
+
+# Kernel parameter types (Triton's signature strings) -> struct format, as Triton's C
+# launcher stores each (bools and 8-bit ints in a byte, floats as float32 / float64 bits).
+_SCALAR_FORMATS = {"i1": "b", "i8": "b", "i16": "h", "i32": "i", "i64": "q", "u1": "B", "u8": "B", "u16": "H",
+                   "u32": "I", "u64": "Q", "fp32": "f", "f32": "f", "fp64": "d"}
+_POINTER = 0  # placeholder bits of a pointer the replay writes
+
+
+def _native_launch(kernel, grid, launch_args, sources):
+    """One launch for specops._C.LaunchPlan: its parameters packed as the kernel takes them
+    (every non-constexpr argument in order, then Triton's two scratch pointers, 0), or None
+    where a type is not one the packing knows. ``sources`` maps an argument index to
+    (source, index) for the pointers a replay writes (0 input, 1 output, 2 workspace)."""
+    import struct
+
+    signature = list(getattr(getattr(kernel, "src", None), "signature", {}).values())
+    if len(signature) != len(launch_args):
+        return None
+    packed, offsets, patches = bytearray(), [], []
+    for at, (kind, value) in enumerate(zip(signature, launch_args)):
+        if kind == "constexpr":
+            continue
+        offsets.append(len(packed))
+        if isinstance(kind, str) and kind.startswith("*"):
+            if at in sources:
+                patches.append((len(packed), *sources[at]))
+                value = _POINTER
+            elif isinstance(value, torch.Tensor):
+                value = value.data_ptr()  # a persistent buffer (or no bytes at all)
+            if not isinstance(value, int):
+                return None
+            packed += struct.pack("Q", value)
+        elif kind in _SCALAR_FORMATS:
+            packed += struct.pack(_SCALAR_FORMATS[kind], value)
+        else:
+            return None
+        packed += bytes(-len(packed) % 8)
+    for _ in range(2):  # Triton's global and profile scratch pointers: none (checked by the caller)
+        offsets.append(len(packed))
+        packed += bytes(8)
+    num_warps, num_ctas, shared = kernel.packed_metadata
+    run = kernel.run
+    return (kernel.function, grid, 32 * num_warps, shared, num_ctas, bool(run.launch_pdl),
+            bool(run.launch_cooperative_grid), bytes(packed), offsets, patches)
 
 
 def _plan_of(recorder: _Recorder, args: tuple, returned) -> _Plan | None:
@@ -143,7 +195,7 @@ def _plan_of(recorder: _Recorder, args: tuple, returned) -> _Plan | None:
         total += -(-buffer.untyped_storage().nbytes() // _ALIGN) * _ALIGN
     spans = [(b.untyped_storage().data_ptr(), b.untyped_storage().nbytes(), offset)
              for b, offset in zip(recorder.workspace, offsets)]
-    launches = []
+    launches, native_launches = [], []
     for kernel, grid, launch_args in recorder.launches:
         constants, inputs, outputs, scratch = list(launch_args), [], [], []
         for at, value in enumerate(launch_args):
@@ -173,7 +225,42 @@ def _plan_of(recorder: _Recorder, args: tuple, returned) -> _Plan | None:
                 None, None, None)
         launches.append(_Launch(run.launch, grid, head, tuple(constants), tuple(inputs), tuple(outputs),
                                 tuple(scratch)))
-    return _Plan(tuple((tuple(o.shape), o.dtype) for o in recorder.outputs), total, tuple(launches))
+        sources = {at: (0, which) for at, which in inputs}
+        sources.update({at: (1, which) for at, which in outputs})
+        sources.update({at: (2, offset) for at, offset in scratch})
+        native_launches.append(_native_launch(kernel, grid, launch_args, sources))
+    native = None
+    native_class = _native_plan_class()
+    if native_class is not None and all(n is not None for n in native_launches):
+        native = native_class(list(recorder.outputs), total, len(args), native_launches)
+    return _Plan(tuple((tuple(o.shape), o.dtype) for o in recorder.outputs), total, tuple(launches), native)
+
+
+# False: plans replay through each kernel's Python launcher even where specops._C has
+# LaunchPlan (tests compare the two forms).
+NATIVE = True
+
+
+@functools.cache
+def _native_key():
+    """specops._C.plan_key where built (CUDA builds): a call's key and pointers in one C++
+    pass; None: keys built in Python."""
+    try:
+        from specops import _C
+    except ImportError:
+        return None
+    return getattr(_C, "plan_key", None)
+
+
+def _native_plan_class():
+    """specops._C.LaunchPlan where built (CUDA builds) and enabled, else None."""
+    if not NATIVE:
+        return None
+    try:
+        from specops import _C
+    except ImportError:
+        return None
+    return getattr(_C, "LaunchPlan", None)
 
 
 _UNPLANNED = object()
@@ -191,19 +278,26 @@ def planned(launcher):
     plans: dict = {}
 
     def call(*args, check=None):
-        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        first = args[0] if isinstance(args[0], torch.Tensor) else next(a for a in args if isinstance(a, torch.Tensor))
+        device = first.device
+        # (torch._C's device and capture queries: CUDA is initialised, a CUDA tensor exists)
         if (not ENABLED or _modified or device.type != "cuda" or _recording() is not None
-                or torch.cuda.is_current_stream_capturing() or observed()):
+                or torch._C._cuda_isCurrentStreamCapturing() or observed()):
             if check is not None:
                 check(*args)
             return launcher(*args)
-        current = torch.cuda.current_device()
+        current = torch._C._cuda_getDevice()
         stream = torch._C._cuda_getCurrentRawStream(current)
-        key = (current, stream, *((a.shape, a.dtype, a.device, a.is_contiguous(), a.data_ptr() % 16 == 0)
-                                  if isinstance(a, torch.Tensor) else a for a in args))
+        native_key = _native_key()
+        keyed = native_key(args) if native_key is not None else None
+        if keyed is not None:
+            key, pointers = (current, stream, keyed[0]), keyed[1]
+        else:
+            key, pointers = (current, stream, *((a.shape, a.dtype, a.device, a.is_contiguous(), a.data_ptr() % 16 == 0)
+                                                if isinstance(a, torch.Tensor) else a for a in args)), None
         plan = plans.get(key)
         if plan is not None and plan is not _UNPLANNED:
-            return plan.replay(args, device, stream)
+            return plan.replay(args, device, stream, pointers)
         if check is not None:
             check(*args)
         if plan is _UNPLANNED:
