@@ -146,20 +146,23 @@ class LaunchPlan {
     }
   }
 
-  // The outputs of one call: inputs holds each call argument's data pointer (0 for a
-  // non-tensor), stream the raw CUDA stream the launches go to.
-  std::vector<at::Tensor> replay(const std::vector<int64_t>& inputs, int64_t stream) const {
+  // The outputs of one call, or None where it could not be made (an allocation or a launch
+  // failed, a wrong number of pointers): the caller then runs the call its own way, which
+  // raises the error. inputs holds each call argument's data pointer (0 for a non-tensor),
+  // stream the raw CUDA stream the launches go to. Nothing is thrown out of here: a
+  // catch-all turns every failure into None.
+  py::object replay(const std::vector<int64_t>& inputs, int64_t stream) const {
     try {
-      return replay_checked(inputs, stream);
-    } catch (const c10::Error& error) {  // an allocation's, say: its message without the C++ backtrace
-      throw std::runtime_error(error.what_without_backtrace());
+      return py::cast(replay_or_throw(inputs, stream));
+    } catch (...) {
+      return py::none();
     }
   }
 
   int64_t num_launches() const { return static_cast<int64_t>(launches_.size()); }
 
  private:
-  std::vector<at::Tensor> replay_checked(const std::vector<int64_t>& inputs, int64_t stream) const {
+  std::vector<at::Tensor> replay_or_throw(const std::vector<int64_t>& inputs, int64_t stream) const {
     require(static_cast<int64_t>(inputs.size()) == num_inputs_, "LaunchPlan.replay: expected ", num_inputs_,
                 " input pointers, got ", inputs.size());
     std::vector<at::Tensor> outputs;

@@ -120,7 +120,11 @@ class _Plan:
         if pointers is None:
             pointers = [a.data_ptr() if isinstance(a, torch.Tensor) else 0 for a in args]
         if self.native is not None:
-            return tuple(self.native.replay(pointers, stream))
+            outs = self.native.replay(pointers, stream)
+            if outs is not None:
+                return tuple(outs)
+            # None: an allocation or a launch failed in C++; the kernels' own launchers below
+            # redo the call and raise the error as Python exceptions.
         outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.outputs]
         scratch = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=device) if self.workspace_bytes else None
         base = scratch.data_ptr() if scratch is not None else 0
