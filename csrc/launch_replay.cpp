@@ -45,17 +45,12 @@ const Driver& driver() {
     Driver d;
     d.launch = reinterpret_cast<LaunchKernelEx>(dlsym(library, "cuLaunchKernelEx"));
     d.error_string = reinterpret_cast<GetErrorString>(dlsym(library, "cuGetErrorString"));
-    if (d.launch == nullptr) throw std::runtime_error("specops LaunchPlan: cuLaunchKernelEx not found in libcuda.so.1");
+    if (d.launch == nullptr) {
+      throw std::runtime_error("specops LaunchPlan: cuLaunchKernelEx not found in libcuda.so.1");
+    }
     return d;
   }();
   return loaded;
-}
-
-// A malformed record raises ValueError, a failed launch RuntimeError: pybind11's own
-// exceptions, whose messages carry no C++ backtrace.
-template <typename... Parts>
-void require(bool ok, const Parts&... parts) {
-  if (!ok) throw py::value_error(c10::str(parts...));
 }
 
 // Where a replay takes a pointer parameter from.
@@ -88,63 +83,108 @@ class LaunchPlan {
   LaunchPlan(const std::vector<at::Tensor>& outputs, int64_t workspace_bytes, int64_t num_inputs,
              const py::list& launches)
       : workspace_bytes_(workspace_bytes), num_inputs_(num_inputs) {
-    require(workspace_bytes >= 0, "LaunchPlan: workspace_bytes must be >= 0, got ", workspace_bytes);
-    for (const at::Tensor& output : outputs) {
-      require(output.is_cuda(), "LaunchPlan: every output must be a CUDA tensor");
-      shapes_.push_back(output.sizes().vec());
-      options_.push_back(output.options());
-    }
-    require(!outputs.empty() || workspace_bytes == 0, "LaunchPlan: a workspace needs an output's device");
-    for (const py::handle item : launches) {
-      const auto t = item.cast<py::tuple>();
-      require(t.size() == 10, "LaunchPlan: a launch is a tuple of 10 fields, got ", t.size());
-      Launch launch;
-      launch.function = reinterpret_cast<CUfunction>(t[0].cast<uintptr_t>());
-      const auto grid = t[1].cast<std::vector<int64_t>>();
-      require(grid.size() == 3, "LaunchPlan: a grid has 3 dimensions");
-      for (int i = 0; i < 3; ++i) {
-        require(grid[i] >= 0 && grid[i] <= INT32_MAX, "LaunchPlan: grid dimension out of range");
-        launch.grid[i] = static_cast<unsigned>(grid[i]);
+    // Checked without throwing (an exception out of pybind11 here crashed the H200 build's
+    // process): a malformed record leaves error() set and the plan never replays.
+    try {
+      if (workspace_bytes < 0) {
+        fail("LaunchPlan: workspace_bytes must be >= 0, got ", workspace_bytes);
+        return;
       }
-      launch.threads = t[2].cast<unsigned>();
-      launch.shared_memory = t[3].cast<unsigned>();
-      launch.ctas = t[4].cast<unsigned>();
-      require(launch.ctas >= 1, "LaunchPlan: ctas must be >= 1");
-      launch.pdl = t[5].cast<bool>();
-      launch.cooperative = t[6].cast<bool>();
-      const std::string packed = t[7].cast<std::string>();
-      launch.params.assign(packed.begin(), packed.end());
-      launch.offsets = t[8].cast<std::vector<int64_t>>();
-      for (const int64_t offset : launch.offsets) {
-        require(offset >= 0 && offset % 8 == 0 && offset < static_cast<int64_t>(launch.params.size()),
-                    "LaunchPlan: a parameter offset lies outside the packed parameters");
-      }
-      for (const py::handle p : t[9].cast<py::list>()) {
-        const auto fields = p.cast<std::vector<int64_t>>();
-        require(fields.size() == 3, "LaunchPlan: a patch is (offset, source, index)");
-        Patch patch{fields[0], static_cast<Source>(fields[1]), fields[2]};
-        require(patch.offset >= 0 && patch.offset % 8 == 0 &&
-                        patch.offset + 8 <= static_cast<int64_t>(launch.params.size()),
-                    "LaunchPlan: a pointer patch lies outside the packed parameters");
-        switch (patch.source) {
-          case Source::kInput:
-            require(patch.index >= 0 && patch.index < num_inputs, "LaunchPlan: input index out of range");
-            break;
-          case Source::kOutput:
-            require(patch.index >= 0 && patch.index < static_cast<int64_t>(shapes_.size()),
-                        "LaunchPlan: output index out of range");
-            break;
-          case Source::kWorkspace:
-            require(patch.index >= 0 && patch.index < workspace_bytes, "LaunchPlan: workspace offset out of range");
-            break;
-          default:
-            require(false, "LaunchPlan: unknown pointer source ", fields[1]);
+      for (const at::Tensor& output : outputs) {
+        if (!output.is_cuda()) {
+          fail("LaunchPlan: every output must be a CUDA tensor");
+          return;
         }
-        launch.patches.push_back(patch);
+        shapes_.push_back(output.sizes().vec());
+        options_.push_back(output.options());
       }
-      launches_.push_back(std::move(launch));
+      if (outputs.empty() && workspace_bytes > 0) {
+        fail("LaunchPlan: a workspace needs an output's device");
+        return;
+      }
+      for (const py::handle item : launches) {
+        const auto t = item.cast<py::tuple>();
+        if (t.size() != 10) {
+          fail("LaunchPlan: a launch is a tuple of 10 fields, got ", t.size());
+          return;
+        }
+        Launch launch;
+        launch.function = reinterpret_cast<CUfunction>(t[0].cast<uintptr_t>());
+        const auto grid = t[1].cast<std::vector<int64_t>>();
+        if (grid.size() != 3) {
+          fail("LaunchPlan: a grid has 3 dimensions");
+          return;
+        }
+        for (int i = 0; i < 3; ++i) {
+          if (grid[i] < 0 || grid[i] > INT32_MAX) {
+            fail("LaunchPlan: grid dimension out of range");
+            return;
+          }
+          launch.grid[i] = static_cast<unsigned>(grid[i]);
+        }
+        launch.threads = t[2].cast<unsigned>();
+        launch.shared_memory = t[3].cast<unsigned>();
+        launch.ctas = t[4].cast<unsigned>();
+        if (launch.ctas < 1) {
+          fail("LaunchPlan: ctas must be >= 1");
+          return;
+        }
+        launch.pdl = t[5].cast<bool>();
+        launch.cooperative = t[6].cast<bool>();
+        const std::string packed = t[7].cast<std::string>();
+        launch.params.assign(packed.begin(), packed.end());
+        launch.offsets = t[8].cast<std::vector<int64_t>>();
+        for (const int64_t offset : launch.offsets) {
+          if (offset < 0 || offset % 8 != 0 || offset >= static_cast<int64_t>(launch.params.size())) {
+            fail("LaunchPlan: a parameter offset lies outside the packed parameters");
+            return;
+          }
+        }
+        for (const py::handle p : t[9].cast<py::list>()) {
+          const auto fields = p.cast<std::vector<int64_t>>();
+          if (fields.size() != 3) {
+            fail("LaunchPlan: a patch is (offset, source, index)");
+            return;
+          }
+          Patch patch{fields[0], static_cast<Source>(fields[1]), fields[2]};
+          if (patch.offset < 0 || patch.offset % 8 != 0 ||
+              patch.offset + 8 > static_cast<int64_t>(launch.params.size())) {
+            fail("LaunchPlan: a pointer patch lies outside the packed parameters");
+            return;
+          }
+          switch (patch.source) {
+            case Source::kInput:
+              if (patch.index < 0 || patch.index >= num_inputs) {
+                fail("LaunchPlan: input index out of range");
+                return;
+              }
+              break;
+            case Source::kOutput:
+              if (patch.index < 0 || patch.index >= static_cast<int64_t>(shapes_.size())) {
+                fail("LaunchPlan: output index out of range");
+                return;
+              }
+              break;
+            case Source::kWorkspace:
+              if (patch.index < 0 || patch.index >= workspace_bytes) {
+                fail("LaunchPlan: workspace offset out of range");
+                return;
+              }
+              break;
+            default:
+              fail("LaunchPlan: unknown pointer source ", fields[1]);
+              return;
+          }
+          launch.patches.push_back(patch);
+        }
+        launches_.push_back(std::move(launch));
+      }
+    } catch (...) {
+      fail("LaunchPlan: a launch record field of the wrong type");
     }
   }
+
+  const std::string& error() const { return error_; }
 
   // The outputs of one call, or None where it could not be made (an allocation or a launch
   // failed, a wrong number of pointers): the caller then runs the call its own way, which
@@ -163,8 +203,9 @@ class LaunchPlan {
 
  private:
   std::vector<at::Tensor> replay_or_throw(const std::vector<int64_t>& inputs, int64_t stream) const {
-    require(static_cast<int64_t>(inputs.size()) == num_inputs_, "LaunchPlan.replay: expected ", num_inputs_,
-                " input pointers, got ", inputs.size());
+    if (!error_.empty() || static_cast<int64_t>(inputs.size()) != num_inputs_) {
+      throw std::runtime_error("LaunchPlan.replay: a malformed plan or a wrong number of pointers");
+    }
     std::vector<at::Tensor> outputs;
     outputs.reserve(shapes_.size());
     for (size_t i = 0; i < shapes_.size(); ++i) outputs.push_back(at::empty(shapes_[i], options_[i]));
@@ -175,7 +216,9 @@ class LaunchPlan {
       workspace_base = reinterpret_cast<uint64_t>(workspace.data_ptr());
     }
     std::vector<uint64_t> output_pointers(outputs.size());
-    for (size_t i = 0; i < outputs.size(); ++i) output_pointers[i] = reinterpret_cast<uint64_t>(outputs[i].data_ptr());
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      output_pointers[i] = reinterpret_cast<uint64_t>(outputs[i].data_ptr());
+    }
     std::vector<uint8_t> params;
     std::vector<void*> pointers;
     for (const Launch& launch : launches_) {
@@ -240,6 +283,12 @@ class LaunchPlan {
     }
   }
 
+  template <typename... Parts>
+  void fail(const Parts&... parts) {
+    if (error_.empty()) error_ = c10::str(parts...);
+  }
+
+  std::string error_;
   std::vector<std::vector<int64_t>> shapes_;
   std::vector<at::TensorOptions> options_;
   int64_t workspace_bytes_;
@@ -310,7 +359,9 @@ void define_launch_replay(py::module& m) {
       .def(py::init<const std::vector<at::Tensor>&, int64_t, int64_t, const py::list&>(), py::arg("outputs"),
            py::arg("workspace_bytes"), py::arg("num_inputs"), py::arg("launches"))
       .def("replay", &LaunchPlan::replay, py::arg("inputs"), py::arg("stream"))
-      .def_property_readonly("num_launches", &LaunchPlan::num_launches);
+      .def_property_readonly("num_launches", &LaunchPlan::num_launches)
+      .def_property_readonly("error", &LaunchPlan::error,
+                             "Why the record is malformed (it then never replays); empty when well formed.");
 }
 
 }  // namespace specops

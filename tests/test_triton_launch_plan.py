@@ -226,8 +226,9 @@ def test_native_keys_hold_what_a_plan_depends_on():
 @requires_gpu
 @pytest.mark.gpu
 def test_native_plans_refuse_malformed_records():
-    """A malformed record raises ValueError naming what is wrong; a replay that cannot be
-    made returns None (the plan then replays through the kernels' launchers)."""
+    """A malformed record is flagged (``error`` names what is wrong) and never replays; a
+    replay that cannot be made returns None (the plan then replays through the kernels'
+    launchers). Nothing raises across the binding."""
     from specops import _C
 
     if not hasattr(_C, "LaunchPlan"):
@@ -238,7 +239,7 @@ def test_native_plans_refuse_malformed_records():
     def launch(offsets=(0, 8, 16), patches=()):
         return (0, (1, 1, 1), 32, 0, 1, False, False, params, list(offsets), list(patches))
 
-    _C.LaunchPlan(out, 64, 2, [launch(patches=[(0, 0, 1), (8, 1, 0), (16, 2, 8)])])  # well formed
+    assert _C.LaunchPlan(out, 64, 2, [launch(patches=[(0, 0, 1), (8, 1, 0), (16, 2, 8)])]).error == ""
     bad = [
         ([launch(offsets=(0, 4))], "offset"),  # not 8-byte aligned
         ([launch(offsets=(0, 24))], "offset"),  # past the parameters
@@ -248,10 +249,13 @@ def test_native_plans_refuse_malformed_records():
         ([launch(patches=[(0, 2, 64)])], "workspace offset"),
         ([launch(patches=[(0, 7, 0)])], "source"),
         ([launch()[:9]], "10 fields"),
+        ([("not a function",) + launch()[1:]], "wrong type"),
     ]
     for launches, words in bad:
-        with pytest.raises(ValueError, match=words):
-            _C.LaunchPlan(out, 64, 2, launches)
+        plan = _C.LaunchPlan(out, 64, 2, launches)
+        assert words in plan.error
+        assert plan.replay([0, 0], 0) is None
+    assert "CUDA tensor" in _C.LaunchPlan([torch.empty(3)], 0, 2, []).error
     plan = _C.LaunchPlan(out, 0, 2, [])
     assert plan.replay([0], 0) is None  # a wrong number of pointers: nothing made, nothing thrown
     (fresh,) = plan.replay([0, 0], torch.cuda.current_stream().cuda_stream)

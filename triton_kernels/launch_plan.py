@@ -237,6 +237,8 @@ def _plan_of(recorder: _Recorder, args: tuple, returned) -> _Plan | None:
     native_class = _native_plan_class()
     if native_class is not None and all(n is not None for n in native_launches):
         native = native_class(list(recorder.outputs), total, len(args), native_launches)
+        if native.error:  # malformed (never from _native_launch's records): the launchers replay
+            native = None
     return _Plan(tuple((tuple(o.shape), o.dtype) for o in recorder.outputs), total, tuple(launches), native)
 
 
