@@ -27,15 +27,17 @@ compile_one() {
     --expt-relaxed-constexpr -Xcompiler -fPIC -DSPECOPS_WITH_CUDA -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE \
     -DTORCH_EXTENSION_NAME=_C -Icsrc "${INCLUDES[@]}" -Xptxas -v 2> "$obj.log"
 }
+# The CUDA sources, and the C++ sources compiled only into CUDA builds (they include cuda.h).
+SOURCES=(csrc/*.cu csrc/launch_replay.cpp)
 pids=()
-for src in csrc/*.cu; do
-  compile_one "$src" "$OUT_DIR/$(basename "${src%.cu}").o" &
+for src in "${SOURCES[@]}"; do
+  compile_one "$src" "$OUT_DIR/$(basename "${src%.*}").o" &
   pids+=($!)
 done
 status=0
 i=0
-for src in csrc/*.cu; do
-  obj="$OUT_DIR/$(basename "${src%.cu}").o"
+for src in "${SOURCES[@]}"; do
+  obj="$OUT_DIR/$(basename "${src%.*}").o"
   echo "nvcc $src -> $obj (sm_90)"
   if ! wait "${pids[$i]}"; then
     cat "$obj.log" >&2
