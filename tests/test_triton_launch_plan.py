@@ -112,6 +112,86 @@ def test_plans_rebuild_every_pointer():
     assert len(first.run.calls) == len(second.run.calls) == 2
 
 
+class _SignedKernel(_FakeKernel):  # a compiled kernel's signature, as CudaLauncher reads it
+    def __init__(self, signature):
+        super().__init__()
+        self.src = types.SimpleNamespace(signature=dict(enumerate(signature)))
+        self.packed_metadata = (4, 1, 1024)  # num_warps, num_ctas, shared memory
+
+
+def test_native_launches_pack_parameters_as_the_kernel_takes_them():
+    """launch_plan._native_launch: every non-constexpr argument at an 8-byte offset in the
+    kernel's order (ints, bools and floats in their C widths, pointers as 8 bytes with the
+    replayed ones patched), then Triton's two scratch pointers, 0; types it cannot pack leave
+    the launch to the Python replay (None)."""
+    import struct
+
+    a, out = torch.randn(4), torch.zeros(3, dtype=torch.int32)
+    persistent = torch.zeros(2)
+    signature = ["*fp32", "i32", "constexpr", "fp32", "i1", "*i32", "i64", "u64", "fp64", "*fp32"]
+    args = (a, 7, 16, 2.5, True, out, -3, 2**63, 1.5, persistent)
+    kernel = _SignedKernel(signature)
+    packed = launch_plan._native_launch(kernel, (3, 2, 1), args, {0: (0, 0), 5: (1, 0)})
+    function, grid, threads, shared, ctas, pdl, cooperative, params, offsets, patches = packed
+    assert (function, grid, threads, shared, ctas, pdl, cooperative) == (1234, (3, 2, 1), 128, 1024, 1, True, False)
+    assert offsets == [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80] and len(params) == 88
+    assert patches == [(0, 0, 0), (32, 1, 0)]
+    assert params[0:8] == bytes(8) and params[32:40] == bytes(8)  # patched at replay
+    assert struct.unpack_from("<i", params, 8) == (7,)
+    assert struct.unpack_from("<f", params, 16) == (2.5,)
+    assert params[24:32] == b"\x01" + bytes(7)
+    assert struct.unpack_from("<q", params, 40) == (-3,)
+    assert struct.unpack_from("<Q", params, 48) == (2**63,)
+    assert struct.unpack_from("<d", params, 56) == (1.5,)
+    assert struct.unpack_from("<Q", params, 64) == (persistent.data_ptr(),)  # the same buffer every call
+    assert params[72:88] == bytes(16)  # global and profile scratch: none
+    # A float past float32's range packs as the C cast Triton's launcher makes: inf.
+    big = launch_plan._native_launch(_SignedKernel(["fp32"]), (1, 1, 1), (1e300,), {})
+    assert struct.unpack_from("<f", big[7], 0) == (float("inf"),)
+    for bad_signature, bad_args in [
+        (["fp16"], (1.0,)),  # a 16-bit float scalar
+        ([("i32", "i32")], ((1, 2),)),  # a tuple argument
+        (["i32"], (2**40,)),  # out of the type's range
+        (["*fp32"], ("not a pointer",)),
+        (["i32", "i32"], (1,)),  # the signature does not match the arguments
+    ]:
+        assert launch_plan._native_launch(_SignedKernel(bad_signature), (1, 1, 1), bad_args, {}) is None
+
+
+def test_plans_take_the_native_form_where_built(monkeypatch):
+    """A record whose launches all pack becomes a native plan of the same outputs, workspace
+    and call arity; a native plan that reports an error, or one unpackable launch, leaves the
+    Python replay."""
+    made = []
+
+    class FakeNative:
+        error = ""
+
+        def __init__(self, outputs, workspace_bytes, num_inputs, launches):
+            made.append((outputs, workspace_bytes, num_inputs, launches))
+
+    monkeypatch.setattr(launch_plan, "_native_plan_class", lambda: FakeNative)
+    a = torch.randn(4)
+    kernel = _SignedKernel(["*fp32", "*i32", "i32"])
+
+    def launches(outs, work):
+        return [(kernel, (2, 1, 1), (a, outs[0], 5))]
+
+    plan, outs, _ = _record((a, 5), launches)
+    assert isinstance(plan.native, FakeNative)
+    (outputs, workspace_bytes, num_inputs, native_launches), = made
+    assert outputs == list(outs) and workspace_bytes == plan.workspace_bytes and num_inputs == 2
+    assert native_launches[0][9] == [(0, 0, 0), (8, 1, 0)]
+    FakeNative.error = "LaunchPlan: malformed"
+    plan, _, _ = _record((a, 5), launches)
+    assert plan.native is None and plan.launches
+    FakeNative.error = ""
+    unpackable = _SignedKernel(["*fp32", "*i32", "fp16"])
+    plan, _, _ = _record((a, 5), lambda outs, work: [(kernel, (1, 1, 1), (a, outs[0], 5)),
+                                                     (unpackable, (1, 1, 1), (a, outs[0], 1.0))])
+    assert plan.native is None and len(plan.launches) == 2
+
+
 def test_tensors_a_plan_cannot_rebuild_leave_the_key_unplanned():
     a = torch.randn(4)
     stranger = torch.zeros(3)  # made by the launcher outside output / workspace (a fill, say)
@@ -223,43 +303,61 @@ def test_native_keys_hold_what_a_plan_depends_on():
         assert _C.plan_key((a, odd)) is None
 
 
+# Run in a child process: on the H200 build of 2b8a6a7 / af92f2f, C++ exceptions handled in
+# this binding crashed the process (bench/NOTES.md); a crash now fails this test alone.
+_MALFORMED_RECORDS = """
+import torch
+from specops import _C
+
+out = [torch.empty(3, dtype=torch.int32, device="cuda")]
+params = bytes(24)
+
+
+def launch(offsets=(0, 8, 16), patches=()):
+    return (0, (1, 1, 1), 32, 0, 1, False, False, params, list(offsets), list(patches))
+
+
+assert _C.LaunchPlan(out, 64, 2, [launch(patches=[(0, 0, 1), (8, 1, 0), (16, 2, 8)])]).error == ""
+bad = [
+    ([launch(offsets=(0, 4))], "offset"),  # not 8-byte aligned
+    ([launch(offsets=(0, 24))], "offset"),  # past the parameters
+    ([launch(patches=[(20, 0, 0)])], "patch"),
+    ([launch(patches=[(0, 0, 2)])], "input index"),
+    ([launch(patches=[(0, 1, 1)])], "output index"),
+    ([launch(patches=[(0, 2, 64)])], "workspace offset"),
+    ([launch(patches=[(0, 7, 0)])], "source"),
+    ([launch()[:9]], "10 fields"),
+    ([("not a function",) + launch()[1:]], "wrong type"),
+]
+for launches, words in bad:
+    plan = _C.LaunchPlan(out, 64, 2, launches)
+    assert words in plan.error, (words, plan.error)
+    assert plan.replay([0, 0], 0) is None
+assert "CUDA tensor" in _C.LaunchPlan([torch.empty(3)], 0, 2, []).error
+plan = _C.LaunchPlan(out, 0, 2, [])
+assert plan.replay([0], 0) is None  # a wrong number of pointers: nothing made, nothing thrown
+(fresh,) = plan.replay([0, 0], torch.cuda.current_stream().cuda_stream)
+assert fresh.shape == (3,) and fresh.dtype == torch.int32 and fresh.is_cuda
+print("records checked")
+"""
+
+
 @requires_gpu
 @pytest.mark.gpu
 def test_native_plans_refuse_malformed_records():
     """A malformed record is flagged (``error`` names what is wrong) and never replays; a
     replay that cannot be made returns None (the plan then replays through the kernels'
     launchers). Nothing raises across the binding."""
+    import subprocess
+    import sys
+
     from specops import _C
 
     if not hasattr(_C, "LaunchPlan"):
         pytest.skip("specops._C built without CUDA")
-    out = [torch.empty(3, dtype=torch.int32, device="cuda")]
-    params = bytes(24)
-
-    def launch(offsets=(0, 8, 16), patches=()):
-        return (0, (1, 1, 1), 32, 0, 1, False, False, params, list(offsets), list(patches))
-
-    assert _C.LaunchPlan(out, 64, 2, [launch(patches=[(0, 0, 1), (8, 1, 0), (16, 2, 8)])]).error == ""
-    bad = [
-        ([launch(offsets=(0, 4))], "offset"),  # not 8-byte aligned
-        ([launch(offsets=(0, 24))], "offset"),  # past the parameters
-        ([launch(patches=[(20, 0, 0)])], "patch"),
-        ([launch(patches=[(0, 0, 2)])], "input index"),
-        ([launch(patches=[(0, 1, 1)])], "output index"),
-        ([launch(patches=[(0, 2, 64)])], "workspace offset"),
-        ([launch(patches=[(0, 7, 0)])], "source"),
-        ([launch()[:9]], "10 fields"),
-        ([("not a function",) + launch()[1:]], "wrong type"),
-    ]
-    for launches, words in bad:
-        plan = _C.LaunchPlan(out, 64, 2, launches)
-        assert words in plan.error
-        assert plan.replay([0, 0], 0) is None
-    assert "CUDA tensor" in _C.LaunchPlan([torch.empty(3)], 0, 2, []).error
-    plan = _C.LaunchPlan(out, 0, 2, [])
-    assert plan.replay([0], 0) is None  # a wrong number of pointers: nothing made, nothing thrown
-    (fresh,) = plan.replay([0, 0], torch.cuda.current_stream().cuda_stream)
-    assert fresh.shape == (3,) and fresh.dtype == torch.int32 and fresh.is_cuda
+    child = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _MALFORMED_RECORDS],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0 and "records checked" in child.stdout, child.stderr[-3000:]
 
 
 @requires_gpu

@@ -173,7 +173,10 @@ def _native_launch(kernel, grid, launch_args, sources):
                 return None
             packed += struct.pack("Q", value)
         elif kind in _SCALAR_FORMATS:
-            packed += struct.pack(_SCALAR_FORMATS[kind], value)
+            try:
+                packed += struct.pack(_SCALAR_FORMATS[kind], value)
+            except (struct.error, OverflowError, TypeError):  # out of the type's range: left to the launchers
+                return None
         else:
             return None
         packed += bytes(-len(packed) % 8)
