@@ -199,8 +199,6 @@ class LaunchPlan {
     }
   }
 
-  int64_t num_launches() const { return static_cast<int64_t>(launches_.size()); }
-
  private:
   std::vector<at::Tensor> replay_or_throw(const std::vector<int64_t>& inputs, int64_t stream) const {
     if (!error_.empty() || static_cast<int64_t>(inputs.size()) != num_inputs_) {
@@ -359,7 +357,6 @@ void define_launch_replay(py::module& m) {
       .def(py::init<const std::vector<at::Tensor>&, int64_t, int64_t, const py::list&>(), py::arg("outputs"),
            py::arg("workspace_bytes"), py::arg("num_inputs"), py::arg("launches"))
       .def("replay", &LaunchPlan::replay, py::arg("inputs"), py::arg("stream"))
-      .def_property_readonly("num_launches", &LaunchPlan::num_launches)
       .def_property_readonly("error", &LaunchPlan::error,
                              "Why the record is malformed (it then never replays); empty when well formed.");
 }

@@ -30,11 +30,11 @@ def triton_available() -> bool:
 
 def triton_runs_on(device: torch.device) -> bool:
     """Triton kernels run on CUDA tensors, and on CPU tensors only under the interpreter."""
-    if not triton_available():
-        return False
-    if device.type == "cuda":
-        return True
-    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+    return _triton_runs(device.type, os.environ.get("TRITON_INTERPRET"))
+
+
+def _triton_runs(device_type: str, interpret: str | None) -> bool:
+    return triton_available() and (device_type == "cuda" or (device_type == "cpu" and interpret == "1"))
 
 
 def available_backends(device: torch.device) -> list[Backend]:
@@ -50,7 +50,7 @@ def _available(device_type: str, interpret: str | None) -> tuple[Backend, ...]:
         backends.append(Backend.CUDA)
     if device_type == "cpu":
         backends.append(Backend.CPU)
-    if _TRITON_INSTALLED and (device_type == "cuda" or (device_type == "cpu" and interpret == "1")):
+    if _triton_runs(device_type, interpret):
         backends.append(Backend.TRITON)
     backends.append(Backend.REFERENCE)
     return tuple(backends)

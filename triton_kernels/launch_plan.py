@@ -23,6 +23,7 @@ differs from its value at import, as tests and bench/ab_verify.py set them.
 from __future__ import annotations
 
 import functools
+import struct
 import sys
 import threading
 import types
@@ -153,8 +154,6 @@ def _native_launch(kernel, grid, launch_args, sources):
     (every non-constexpr argument in order, then Triton's two scratch pointers, 0), or None
     where a type is not one the packing knows. ``sources`` maps an argument index to
     (source, index) for the pointers a replay writes (0 input, 1 output, 2 workspace)."""
-    import struct
-
     signature = list(getattr(getattr(kernel, "src", None), "signature", {}).values())
     if len(signature) != len(launch_args):
         return None
@@ -251,25 +250,26 @@ NATIVE = True
 
 
 @functools.cache
-def _native_key():
-    """specops._C.plan_key where built (CUDA builds): a call's key and pointers in one C++
-    pass; None: keys built in Python."""
+def _native_module():
+    """specops._C where it has the native replay (CUDA builds), else None."""
     try:
         from specops import _C
     except ImportError:
         return None
-    return getattr(_C, "plan_key", None)
+    return _C if hasattr(_C, "LaunchPlan") and hasattr(_C, "plan_key") else None
+
+
+def _native_key():
+    """specops._C.plan_key (a call's key and pointers in one C++ pass), or None: keys built
+    in Python."""
+    native = _native_module()
+    return native.plan_key if native is not None else None
 
 
 def _native_plan_class():
-    """specops._C.LaunchPlan where built (CUDA builds) and enabled, else None."""
-    if not NATIVE:
-        return None
-    try:
-        from specops import _C
-    except ImportError:
-        return None
-    return getattr(_C, "LaunchPlan", None)
+    """specops._C.LaunchPlan where built and enabled (NATIVE), else None."""
+    native = _native_module()
+    return native.LaunchPlan if NATIVE and native is not None else None
 
 
 _UNPLANNED = object()
