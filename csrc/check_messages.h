@@ -1,9 +1,10 @@
 // Pieces of argument-check messages, shared by every op family's checks.
 //
-// Messages never stream an integer: with torch 2.11's wheel on the lent GPU machine,
-// formatting an int64 through c10::str's ostringstream segfaulted inside the extension
-// (a libstdc++ num_put mismatch), while strings streamed fine. So numbers go through
-// std::to_string, and shapes are "[2, 3]" built by hand.
+// Numbers go through std::to_string and shapes are "[2, 3]" built by hand, not streamed:
+// an extension built by a g++ that links libstdc++ statically (the lent GPU image's
+// /opt/gcc) segfaulted streaming an int64 through c10::str, its own libstdc++ copy meeting
+// torch's. setup.py now links the shared runtime there (tests/test_extension_build.py);
+// these pieces keep the messages free of locale-dependent formatting all the same.
 #pragma once
 #include <ATen/ATen.h>
 

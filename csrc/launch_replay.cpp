@@ -83,8 +83,8 @@ class LaunchPlan {
   LaunchPlan(const std::vector<at::Tensor>& outputs, int64_t workspace_bytes, int64_t num_inputs,
              const py::list& launches)
       : workspace_bytes_(workspace_bytes), num_inputs_(num_inputs) {
-    // Checked without throwing (an exception out of pybind11 here crashed the H200 build's
-    // process): a malformed record leaves error() set and the plan never replays.
+    // Checked without throwing: a malformed record leaves error() set and the plan never
+    // replays (the caller then runs its launcher, which raises where the call is wrong).
     try {
       if (workspace_bytes < 0) {
         fail("LaunchPlan: workspace_bytes must be >= 0, got ", workspace_bytes);

@@ -303,8 +303,9 @@ def test_native_keys_hold_what_a_plan_depends_on():
         assert _C.plan_key((a, odd)) is None
 
 
-# Run in a child process: on the H200 build of 2b8a6a7 / af92f2f, C++ exceptions handled in
-# this binding crashed the process (bench/NOTES.md); a crash now fails this test alone.
+# Run in a child process, so that a crash fails this test alone: built with libstdc++ linked
+# statically (before setup.py's _shared_cxx_runtime), a record whose error message streams
+# an integer crashed the process (bench/NOTES.md).
 _MALFORMED_RECORDS = """
 import torch
 from specops import _C
