@@ -105,14 +105,14 @@ def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files, timer=com
                                    multiprocessor_count(device, ASSUMED_MULTIPROCESSORS),
                                    max_query_len=q_len,
                                    dram_gbs_per_multiprocessor=dram_gbs_per_multiprocessor(device))
-    want = kernels.paged_attention(*args, max_query_len=q_len)[0].float()
+    want = kernels.launch_paged_attention(*args, max_query_len=q_len)[0].float()
     floor_bytes = 2 * (2 * B * L * Hkv * D + 2 * B * q_len * Hq * D)
     # name -> callable: this tree's kernel at each launch, other kernel files at the plan,
     # the CUDA kernel at its own plan.
     calls = {}
     for launch in launch_grid(planned, D, Hq // Hkv, choices or {}) if grid == "launches" else [planned]:
         calls["this " + label(launch)] = (
-            lambda launch=launch: kernels.paged_attention(*args, max_query_len=q_len, launch=launch))
+            lambda launch=launch: kernels.launch_paged_attention(*args, max_query_len=q_len, launch=launch))
     for path, module in kernel_files.items():
         calls[f"{path} {label(planned)}"] = lambda module=module: module.paged_attention(*args, max_query_len=q_len)
     calls["cuda kernel"] = lambda: specops.paged_attention(*args, max_query_len=q_len, backend="cuda", validate=False)

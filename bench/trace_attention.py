@@ -56,8 +56,12 @@ END = ("    t_end = _now()\n"
        "    tl.store(trace_ptr + slot + 2, _smid().to(tl.int64))\n")
 
 
+PLANNED_ANCHOR = "\n# Eager calls replayed from plans"
+
+
 def traced_module():
-    source = Path(kernels.__file__).read_text().replace("from .", "from specops.triton_kernels.")
+    source = (Path(kernels.__file__).read_text().replace("from . import", "from specops.triton_kernels import")
+              .replace("from .", "from specops.triton_kernels."))
     for anchor, text in EDITS:
         if anchor not in source:
             raise RuntimeError(f"triton_kernels/attention.py changed: {anchor.strip()!r} not found")
@@ -65,6 +69,9 @@ def traced_module():
     if END_ANCHOR not in source:
         raise RuntimeError("triton_kernels/attention.py changed: the PDL release not found")
     source = source.replace(END_ANCHOR, END + END_ANCHOR, 1)
+    if PLANNED_ANCHOR not in source:
+        raise RuntimeError("triton_kernels/attention.py changed: its planned calls not found")
+    source = source[:source.index(PLANNED_ANCHOR)]  # the launcher alone (plans track modules by name)
     path = Path(tempfile.gettempdir()) / "traced_attention.py"  # triton.jit reads the source file
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("traced_attention", path)
@@ -82,9 +89,9 @@ def trace_shape(shape, traced, device) -> list[str]:
     args = inputs(*shape, device)
     programs_max = B * Hkv * 32  # splits <= 32
     buffers = [torch.zeros(programs_max * 4, dtype=torch.int64, device=device) for _ in range(REPS)]
-    want = kernels.paged_attention(*args, max_query_len=q_len)[0]
+    want = kernels.launch_paged_attention(*args, max_query_len=q_len)[0]
     traced.TRACE = buffers[0]
-    if not torch.equal(traced.paged_attention(*args, max_query_len=q_len)[0], want):
+    if not torch.equal(traced.launch_paged_attention(*args, max_query_len=q_len)[0], want):
         raise AssertionError("the traced kernel's output differs from the kernel's")
 
     def launches(module, traced_buffers):

@@ -48,9 +48,11 @@ run_memcheck() {
   # The caching allocator is off so that a read past any tensor's end is caught (inside a
   # pooled block it would not be); graph captures need it (no cudaMalloc while capturing),
   # so the graph tests run in a second pass with it on.
-  local tests="tests/test_sampling_ops.py tests/test_sampling_errors.py tests/test_verify_ops.py
+  # MEMCHECK_TESTS=... runs a subset (the plans' replays: tests/test_*launch_plan.py).
+  local tests=${MEMCHECK_TESTS:-"tests/test_sampling_ops.py tests/test_sampling_errors.py tests/test_verify_ops.py
     tests/test_verify_sample.py tests/test_verify_unscreened.py tests/test_verify_max_pass_tests.py
-    tests/test_attention_triton.py tests/test_attention_cuda.py tests/test_attention_ops.py"
+    tests/test_attention_triton.py tests/test_attention_cuda.py tests/test_attention_ops.py
+    tests/test_triton_launch_plan.py tests/test_attention_launch_plan.py"}
   local sanitizer="compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20"
   # shellcheck disable=SC2086
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 $sanitizer python3 -m pytest -q -m gpu -p no:cacheprovider -k "not graph" $tests \

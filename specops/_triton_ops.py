@@ -25,6 +25,14 @@ def _check_verify(*args) -> None:
     _require_runnable(args[0].device)
 
 
+def _check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale,
+                           sliding_window, soft_cap, return_lse, max_query_len) -> None:
+    """paged_attention's checks (skipped by a replayed plan: its key is a call's that passed them)."""
+    _checks.check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
+                                  sliding_window, soft_cap, max_query_len)
+    _require_runnable(query.device)
+
+
 def register() -> None:
     from specops.triton_kernels import sampling as kernels
     from specops.triton_kernels import attention as attention_kernels
@@ -106,9 +114,6 @@ def register() -> None:
     @impl("paged_attention")
     def _paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale,
                          sliding_window=0, soft_cap=0.0, return_lse=False, max_query_len=0):
-        _checks.check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
-                                      sliding_window, soft_cap, max_query_len)
-        _require_runnable(query.device)
         return attention_kernels.paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
-                                                 scale, sliding_window, soft_cap, return_lse,
-                                                 max_query_len=max_query_len)
+                                                 scale, sliding_window, soft_cap, return_lse, max_query_len,
+                                                 check=_check_paged_attention)

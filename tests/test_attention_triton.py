@@ -57,7 +57,7 @@ def assert_matches_reference(inputs, got, scale, window=0, cap=0.0):
 
 
 def run_launcher(inputs, scale, window, cap, launch):
-    return triton_attention.paged_attention(*inputs.values(), scale, window, cap, True, launch=launch)
+    return triton_attention.launch_paged_attention(*inputs.values(), scale, window, cap, True, launch=launch)
 
 
 def forced(rows, block_m, num_splits, block_n=16):
@@ -263,7 +263,7 @@ def test_launcher_max_query_len_below_and_above_the_truth(device, backend, hint)
     plan = plan_paged_attention(15, 3, 4, 2, 32, inputs["block_table"].shape[1] * 16, ASSUMED_MULTIPROCESSORS,
                                 max_query_len=hint)
     assert plan.rows == triton.next_power_of_2(hint)
-    got = triton_attention.paged_attention(*{k: v.to(device) for k, v in inputs.items()}.values(), 0.2, 0, 0.0,
+    got = triton_attention.launch_paged_attention(*{k: v.to(device) for k, v in inputs.items()}.values(), 0.2, 0, 0.0,
                                            True, hint)
     assert_matches_reference(inputs, [t.cpu() for t in got], 0.2)
 

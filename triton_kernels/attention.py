@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch_plan
 from .attention_plan import ASSUMED_MULTIPROCESSORS, AttentionLaunch, plan_paged_attention
 from .launch import direct_launch, dram_gbs_per_multiprocessor, has_pdl, multiprocessor_count, next_power_of_2
 
@@ -335,10 +336,12 @@ def _merge_splits_kernel(
                                          float("-inf")))
 
 
-def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale,
-                    sliding_window=0, soft_cap=0.0, return_lse=False, max_query_len: int = 0, *,
-                    launch: AttentionLaunch | None = None):
-    """Launcher; arguments already validated (specops/_checks.py); no device sync.
+def launch_paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale,
+                           sliding_window=0, soft_cap=0.0, return_lse=False, max_query_len: int = 0, *,
+                           launch: AttentionLaunch | None = None):
+    """Launcher; arguments already validated (specops/_checks.py); no device sync. Its
+    buffers come from launch_plan.output and launch_plan.workspace, so that eager calls
+    replay from plans (``paged_attention`` below).
 
     ``max_query_len`` is the caller's longest query length (0: unknown), a hint for the
     plan's tile rows only: a sequence with more query rows than a tile holds is processed
@@ -348,9 +351,8 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
     num_query_tokens, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
     batch, max_blocks = block_table.shape
-    out = torch.empty_like(query)
-    lse = torch.empty((num_query_tokens, num_heads) if return_lse else (0, 0), dtype=torch.float32,
-                      device=query.device)
+    out = launch_plan.output(query.shape, query.dtype, query.device)  # query is contiguous (checked)
+    lse = launch_plan.output((num_query_tokens, num_heads) if return_lse else (0, 0), torch.float32, query.device)
     if batch == 0 or num_query_tokens == 0:
         return out, lse
     if launch is None:
@@ -365,9 +367,9 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
                          f"group ({group})")
     splits = launch.num_splits
     if splits > 1:  # workspace sized from shapes alone: every (split, row, head) gets written
-        kernel_out = torch.empty((splits, num_query_tokens, num_heads, head_dim), dtype=torch.float32,
-                                 device=query.device)
-        kernel_lse = torch.empty((splits, num_query_tokens, num_heads), dtype=torch.float32, device=query.device)
+        kernel_out = launch_plan.workspace((splits, num_query_tokens, num_heads, head_dim), torch.float32,
+                                           query.device)
+        kernel_lse = launch_plan.workspace((splits, num_query_tokens, num_heads), torch.float32, query.device)
     else:
         kernel_out, kernel_lse = out, (lse if return_lse else out)
     block_d = max(16, next_power_of_2(head_dim))  # tl.dot needs K >= 16
@@ -390,3 +392,12 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_que
             num_warps=MERGE_WARPS,
         )
     return out, lse
+
+
+# Eager calls replayed from plans of the launches above (launch_plan.py), while this module
+# and the plan's hold the attributes they were imported with. Called as
+# ``paged_attention(*args, check=check)``, every argument positional (``launch`` is the
+# launcher's alone).
+paged_attention = launch_plan.planned(launch_paged_attention)
+for _module in ("launch", "attention_plan", "attention"):
+    launch_plan.track(f"{__package__}.{_module}")

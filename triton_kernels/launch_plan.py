@@ -354,7 +354,9 @@ def _changed(module: str, name: str, value) -> None:
 
 def track(module_name: str) -> None:
     """Plans run only while every attribute of module ``module_name`` is the object it was
-    when tracked (a test or bench tool that sets one runs the launchers as they are)."""
+    when first tracked (a test or bench tool that sets one runs the launchers as they are)."""
+    if module_name in _ORIGINALS:  # tracked already (by another launcher): as it was then
+        return
     module = sys.modules[module_name]
     _ORIGINALS[module_name] = dict(vars(module))
     module.__class__ = _TrackedModule
