@@ -7,6 +7,7 @@
 #   scripts/gpu_check.sh bench-verify bench-attention bench-e2e bench-sampling
 #   scripts/gpu_check.sh build tests+memcheck bench   # what a full session runs
 #   scripts/gpu_check.sh build ab-search              # the top-k/top-p searches (bench/ab_verify.py)
+#   scripts/gpu_check.sh build plans                  # the plans' GPU tests, then bench/eager_attention.py
 # ATTENTION_QUICK=1 / E2E_QUICK=1 run only the key shapes of those benchmarks.
 # FlashInfer is installed from .whl/ when present (see bench/README.md); `build` also
 # compiles FlashInfer's benchmark kernels in the background (bench/flashinfer_warmup.py),
@@ -89,6 +90,12 @@ run_stage() {
       run_tests
       wait $!
       cat "$LOG/memcheck.summary"
+      ;;
+    plans)  # the extension's C++ runtime and the eager plans (verify, attention), then their crossover
+      python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_extension_build.py tests/test_triton_launch_plan.py \
+        tests/test_attention_launch_plan.py > "$LOG/plans_tests.log" 2>&1
+      tail -4 "$LOG/plans_tests.log"
+      python3 bench/eager_attention.py --out "$RESULTS" 2>&1 | tee "$LOG/eager_attention.log" | tail -30
       ;;
     bench-verify)
       wait_warmup
