@@ -361,7 +361,9 @@ def cuda_paged_attention_covers(query: torch.Tensor, key_cache: torch.Tensor) ->
 # (B=1), 115 / 202 (B=64 L=1024), 167 / 183 (384 MiB), 207-217 / 187-192 (512 MiB); D=64
 # decode 109 / 119 (256 MiB), 222 / 195 (512 MiB); prefill-like 245 / 269 (B=4 q_len 128),
 # 130 / 285 (B=1 q_len 512). The threshold is the largest size where the CUDA call won
-# every comparison. Graph capture (and torch.compile) keep the Triton kernel.
+# every comparison. Graph capture (and torch.compile) keep the Triton kernel. Measured before
+# eager Triton attention calls replayed from plans (triton_kernels/attention.py), which cut
+# the Triton call's host time: to be re-derived on a GPU (scripts/gpu_check.sh plans).
 CUDA_ATTENTION_EAGER_MAX_BYTES = 384 << 20
 
 
