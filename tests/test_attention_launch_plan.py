@@ -1,6 +1,6 @@
 """Eager Triton paged_attention calls replayed from plans (triton_kernels/launch_plan.py):
-on the CPU, the attention modules switch plans off while an attribute differs from its
-import; on a GPU, replays on fresh inputs equal the launcher's own launches bit for bit in
+on the CPU, every tensor the launches take is one a plan rebuilds (the tracked modules:
+test_triton_launch_plan.py); on a GPU, replays on fresh inputs equal the launcher's own launches bit for bit in
 both replay forms (one launch; split programs and their merge; LSE, sliding window, soft
 cap; float32, float16 and bfloat16), and the op still raises on bad arguments once plans
 exist."""
@@ -11,19 +11,10 @@ import pytest
 import torch
 from attention_inputs import make_batch
 from conftest import requires_gpu
+from plan_replays import both_forms, native_built, replays_of
 
 from specops.triton_kernels import attention as triton_attention
 from specops.triton_kernels import attention_plan, launch_plan
-
-
-def test_attention_modules_switch_plans_off_while_changed(monkeypatch):
-    assert launch_plan.plans_active()
-    monkeypatch.setattr(triton_attention, "PREFETCH_TABLE", not triton_attention.PREFETCH_TABLE)
-    assert not launch_plan.plans_active()
-    monkeypatch.undo()
-    assert launch_plan.plans_active()
-    monkeypatch.setattr(attention_plan, "ASSUMED_MULTIPROCESSORS", attention_plan.ASSUMED_MULTIPROCESSORS + 1)
-    assert not launch_plan.plans_active()
 
 
 class _ReportingKernel:  # a kernel whose launches are reported to the recorder, not run
@@ -70,17 +61,7 @@ def test_every_tensor_the_launches_take_is_one_a_plan_rebuilds(splits, return_ls
 @pytest.fixture
 def replays(monkeypatch):
     """The replays of plans from now on, counted; plans recorded before are dropped."""
-    counted = []
-    real = launch_plan._Plan.replay
-
-    def replay(self, *args):
-        counted.append(self)
-        return real(self, *args)
-
-    monkeypatch.setattr(launch_plan._Plan, "replay", replay)
-    triton_attention.paged_attention.plans.clear()
-    yield counted
-    triton_attention.paged_attention.plans.clear()
+    yield from replays_of(monkeypatch, triton_attention.paged_attention)
 
 
 # (seq_lens, q_lens, Hq, Hkv, D, block_size, dtype, window, cap, LSE, launches a call makes)
@@ -92,12 +73,6 @@ CASES = {
 }
 
 
-def _native_built() -> bool:
-    from specops import _C
-
-    return hasattr(_C, "LaunchPlan")
-
-
 def _arguments(case, seed):
     seq_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, window, cap, lse, _ = CASES[case]
     inputs = make_batch(seq_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=seed)
@@ -106,7 +81,7 @@ def _arguments(case, seed):
 
 @requires_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+@both_forms
 @pytest.mark.parametrize("case", list(CASES))
 def test_replays_equal_the_launcher(case, native, replays, monkeypatch):
     monkeypatch.setattr(launch_plan, "NATIVE", native)
@@ -119,7 +94,7 @@ def test_replays_equal_the_launcher(case, native, replays, monkeypatch):
     assert len(replays) >= 3  # the first call (or two, while compiling) records
     (plan,) = triton_attention.paged_attention.plans.values()
     assert isinstance(plan, launch_plan._Plan)
-    assert (plan.native is not None) == (native and _native_built())
+    assert (plan.native is not None) == (native and native_built())
     launches = CASES[case][-1]
     if launches is not None:  # the planner's split (or not) on this GPU, as the case is meant
         assert len(plan.launches) == launches

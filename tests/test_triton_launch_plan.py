@@ -16,6 +16,7 @@ import types
 import pytest
 import torch
 from conftest import capture, requires_gpu
+from plan_replays import both_forms, native_built, replays_of
 from verify_inputs import make_inputs
 
 from specops.triton_kernels import launch_plan
@@ -34,10 +35,15 @@ def test_tracked_modules_switch_plans_off_while_changed(monkeypatch):
     assert not launch_plan.plans_active()
     monkeypatch.undo()  # deleted again
     assert launch_plan.plans_active()
-    from specops.triton_kernels import verify_unscreened
+    from specops.triton_kernels import attention, attention_plan, verify_unscreened
 
-    monkeypatch.setattr(verify_unscreened, "_COUNTERS", {})
-    assert not launch_plan.plans_active()
+    # verify's helpers, and the attention launcher's modules (its plans: test_attention_launch_plan.py)
+    for module, name in ((verify_unscreened, "_COUNTERS"), (attention, "PREFETCH_TABLE"),
+                         (attention_plan, "ASSUMED_MULTIPROCESSORS")):
+        monkeypatch.setattr(module, name, object())
+        assert not launch_plan.plans_active(), name
+        monkeypatch.undo()
+    assert launch_plan.plans_active()
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors run under the interpreter")
@@ -214,17 +220,7 @@ def _cuda(inputs):
 @pytest.fixture
 def replays(monkeypatch):
     """The replays of plans from now on, counted; plans recorded before are dropped."""
-    counted = []
-    real = launch_plan._Plan.replay
-
-    def replay(self, *args):
-        counted.append(self)
-        return real(self, *args)
-
-    monkeypatch.setattr(launch_plan._Plan, "replay", replay)
-    triton_verify.verify.plans.clear()
-    yield counted
-    triton_verify.verify.plans.clear()
+    yield from replays_of(monkeypatch, triton_verify.verify)
 
 
 # (draft counts, vocab, make_inputs options, no temperature, log-probabilities)
@@ -240,18 +236,11 @@ CASES = {
 }
 
 
-def _native_built() -> bool:
-    from specops import _C
-
-    return hasattr(_C, "LaunchPlan")
-
-
 @requires_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+@both_forms
 @pytest.mark.parametrize("case", list(CASES))
 def test_replays_equal_the_launcher(case, native, replays, monkeypatch):
-    """Both replay forms: specops._C.LaunchPlan (CUDA builds) and the kernels' own launchers."""
     monkeypatch.setattr(launch_plan, "NATIVE", native)
     counts, vocab, options, no_temperature, logprobs = CASES[case]
     for call in range(5):  # fresh inputs (new pointers and values) every call
@@ -265,7 +254,7 @@ def test_replays_equal_the_launcher(case, native, replays, monkeypatch):
             assert torch.equal(g, w), (case, call)
     assert len(replays) >= 3, "the calls after the recorded one replay its plan"
     plans = [p for p in triton_verify.verify.plans.values() if isinstance(p, launch_plan._Plan)]
-    assert plans and all((p.native is not None) == (native and _native_built()) for p in plans)
+    assert plans and all((p.native is not None) == (native and native_built()) for p in plans)
 
 
 @requires_gpu
