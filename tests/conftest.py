@@ -26,6 +26,12 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
+# CPU runs: the interpreter's redundant patching skipped (SPECOPS_INTERPRETER_SPEEDUP=0: not)
+if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("SPECOPS_INTERPRETER_SPEEDUP") != "0":
+    import interpreter_speedup
+
+    interpreter_speedup.install()
+
 HAS_CUDA = torch.cuda.is_available()
 requires_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
