@@ -30,6 +30,4 @@ def replays_of(monkeypatch, planned):
 
 def native_built() -> bool:
     """Whether specops._C has the native replay (CUDA builds)."""
-    from specops import _C
-
-    return hasattr(_C, "LaunchPlan")
+    return launch_plan._native_module() is not None
