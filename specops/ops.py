@@ -352,19 +352,20 @@ def cuda_paged_attention_covers(query: torch.Tensor, key_cache: torch.Tensor) ->
 
 # Bytes of keys and values a paged_attention call can address (B x max_blocks x block_size
 # x Hkv x D x 2 x the element size) up to which an eager call runs the CUDA kernel by
-# default: its host time is lower than the Triton call's (~35-65 µs against ~120-310 µs on
-# the H100), which outweighs its GPU time (1.02-1.17x the Triton kernel's; faster past ~64
-# query rows). bench/eager_attention.py (H100, 2026-11-26, bf16, GQA 32/8, the backends in
-# turn in one process, eager µs CUDA / Triton): D=128 decode 35 / 153 (B=1 L=4096, 16 MiB),
-# 106 / 314 (B=16 L=4096, 256 MiB), 105 / 239 (B=64 L=1024), 153 / 244 (B=96 L=1024, 384
-# MiB), 197-200 / 236 (512 MiB), 382 / 360 (B=64 L=4096, 1 GiB); verify (q_len 5) 65 / 312
-# (B=1), 115 / 202 (B=64 L=1024), 167 / 183 (384 MiB), 207-217 / 187-192 (512 MiB); D=64
-# decode 109 / 119 (256 MiB), 222 / 195 (512 MiB); prefill-like 245 / 269 (B=4 q_len 128),
-# 130 / 285 (B=1 q_len 512). The threshold is the largest size where the CUDA call won
-# every comparison. Graph capture (and torch.compile) keep the Triton kernel. Measured before
-# eager Triton attention calls replayed from plans (triton_kernels/attention.py), which cut
-# the Triton call's host time: to be re-derived on a GPU (scripts/gpu_check.sh plans).
-CUDA_ATTENTION_EAGER_MAX_BYTES = 384 << 20
+# default: there its lower host time outweighs its GPU time. Eager Triton calls replay
+# launch plans (triton_kernels/attention.py), so their host time is ~50-55 µs, not the
+# ~120-310 µs it was. bench/eager_attention.py (H200, 2026-12-02, bf16, GQA 32/8, block 16,
+# the backends in turn in one process, eager µs CUDA / Triton): D=128 decode 48.8 / 61.3
+# (B=1 L=4096, 16 MiB), 54.7 / 64.5 (B=4 L=4096, 64 MiB), 79.2 / 78.2 (B=16 L=4096, 256
+# MiB), 78.5 / 70.0 (B=64 L=1024), 112.5 / 115.0 (384 MiB), 143-146 / 130-132 (512 MiB);
+# verify (q_len 5) 46.4 / 61.0 (B=1), 59.6 / 65.6 (B=4), 89.9 / 79.2 (B=16 L=4096), 90.3 /
+# 77.2 (B=64 L=1024), 129.7 / 111.2 (384 MiB); D=64 decode 52.8 / 67.0 (B=64 L=1024, 128
+# MiB), 84.2 / 71.6 (256 MiB), verify 52.6 / 62.1 (B=32 L=1024, 64 MiB); many query rows
+# 126.2 / 234.2 (B=1 q_len 512, 8 MiB), 239.6 / 233.5 (B=4 q_len 128, 64 MiB), 152.7 / 134.3
+# (B=16 q_len 64 L=1024, 64 MiB). Up to 128 MiB the CUDA call wins 8 of 10 shapes and their
+# sum (884 against 1050 µs); from 256 MiB the Triton call wins every shape but one (B=96
+# decode, by 2%). Graph capture (and torch.compile) keep the Triton kernel.
+CUDA_ATTENTION_EAGER_MAX_BYTES = 128 << 20
 
 
 def cuda_attention_faster_eagerly(query: torch.Tensor, key_cache: torch.Tensor, block_table: torch.Tensor) -> bool:
@@ -486,7 +487,7 @@ def paged_attention(
     reference. On CUDA tensors the default is the Triton kernel inside CUDA-graph capture
     and torch.compile (its GPU time is lower: the CUDA kernel takes 1.01-1.17x its time at
     B >= 16 and 1.34-1.48x at B=1 on the H100, bench/NOTES.md), and for eager calls the
-    CUDA kernel where it covers the case and the block table addresses at most 384 MiB of
+    CUDA kernel where it covers the case and the block table addresses at most 128 MiB of
     keys and values (``cuda_attention_faster_eagerly``: its lower host time wins there),
     else the Triton kernel.
     """

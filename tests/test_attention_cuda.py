@@ -49,12 +49,13 @@ def test_coverage_of_the_cuda_kernel(dtype, head_dim, num_heads, num_kv_heads, c
 @pytest.mark.parametrize(
     "dtype,batch,context,head_dim,num_kv_heads,cuda",
     [
-        (torch.bfloat16, 1, 4096, 128, 8, True),  # 16 MiB: eager 35 / 153 µs (bench/NOTES.md)
-        (torch.bfloat16, 96, 1024, 128, 8, True),  # 384 MiB: 153 / 244
-        (torch.bfloat16, 64, 2048, 128, 8, False),  # 512 MiB: verify 207 / 187
-        (torch.bfloat16, 64, 4096, 128, 8, False),  # 1 GiB: 382 / 360
-        (torch.float16, 128, 1024, 64, 8, True),  # 256 MiB: 109 / 119
-        (torch.float16, 64, 4096, 64, 8, False),  # 512 MiB: 222 / 195
+        (torch.bfloat16, 1, 4096, 128, 8, True),  # 16 MiB: eager 48.8 / 61.3 µs (H200, bench/NOTES.md)
+        (torch.bfloat16, 4, 4096, 128, 8, True),  # 64 MiB: 54.7 / 64.5
+        (torch.float16, 64, 1024, 64, 8, True),  # 128 MiB: 52.8 / 67.0
+        (torch.bfloat16, 64, 1024, 128, 8, False),  # 256 MiB: 78.5 / 70.0, verify 90.3 / 77.2
+        (torch.bfloat16, 96, 1024, 128, 8, False),  # 384 MiB: verify 129.7 / 111.2
+        (torch.bfloat16, 64, 4096, 128, 8, False),  # 1 GiB: 273.0 / 251.4
+        (torch.float16, 128, 1024, 64, 8, False),  # 256 MiB: 84.2 / 71.6
         (torch.float32, 1, 4096, 128, 8, False),  # not covered
         (torch.bfloat16, 1, 4096, 64, 1, False),  # group 32: not covered
     ],

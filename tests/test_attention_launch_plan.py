@@ -66,7 +66,7 @@ def replays(monkeypatch):
 
 # (seq_lens, q_lens, Hq, Hkv, D, block_size, dtype, window, cap, LSE, launches a call makes)
 CASES = {
-    "decode-bf16": ([300, 17, 512, 64] * 4, [1] * 16, 32, 8, 128, 16, torch.bfloat16, 0, 0.0, False, 1),
+    "decode-bf16": ([300, 17, 512, 64] * 16, [1] * 64, 32, 8, 128, 16, torch.bfloat16, 0, 0.0, False, 1),
     "verify-splits-lse": ([4096], [5], 32, 8, 128, 16, torch.bfloat16, 0, 0.0, True, 2),
     "window-cap-fp16": ([200, 900, 33, 640], [3, 5, 1, 4], 16, 4, 64, 32, torch.float16, 64, 30.0, True, None),
     "fp32-no-gqa": ([129, 700, 5], [2, 1, 4], 4, 4, 64, 16, torch.float32, 0, 0.0, True, None),
