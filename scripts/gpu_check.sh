@@ -48,7 +48,7 @@ run_memcheck() {
   # device calls as GPU_TESTS above).
   # The caching allocator is off so that a read past any tensor's end is caught (inside a
   # pooled block it would not be); graph captures need it (no cudaMalloc while capturing),
-  # so the graph tests run in a second pass with it on.
+  # so the graph tests (named for a graph or a capture) run in a second pass with it on.
   # MEMCHECK_TESTS=... runs a subset (the plans' replays: tests/test_*launch_plan.py).
   local tests=${MEMCHECK_TESTS:-"tests/test_sampling_ops.py tests/test_sampling_errors.py tests/test_verify_ops.py
     tests/test_verify_sample.py tests/test_verify_unscreened.py tests/test_verify_max_pass_tests.py
@@ -56,11 +56,11 @@ run_memcheck() {
     tests/test_triton_launch_plan.py tests/test_attention_launch_plan.py"}
   local sanitizer="compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20"
   # shellcheck disable=SC2086
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 $sanitizer python3 -m pytest -q -m gpu -p no:cacheprovider -k "not graph" $tests \
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 $sanitizer python3 -m pytest -q -m gpu -p no:cacheprovider -k "not graph and not capture" $tests \
     > "$LOG/memcheck.log" 2>&1
   echo "memcheck exit $?" >> "$LOG/memcheck.log"
   # shellcheck disable=SC2086
-  $sanitizer python3 -m pytest -q -m gpu -p no:cacheprovider -k "graph" $tests >> "$LOG/memcheck.log" 2>&1
+  $sanitizer python3 -m pytest -q -m gpu -p no:cacheprovider -k "graph or capture" $tests >> "$LOG/memcheck.log" 2>&1
   echo "memcheck (graph tests) exit $?" >> "$LOG/memcheck.log"
   grep -E "ERROR SUMMARY|passed|failed|memcheck" "$LOG/memcheck.log" | tail -8
 }
