@@ -4,7 +4,10 @@ Triton kernel (lower GPU time).
 
 Each shape (B, L, q_len, Hq, Hkv, D; bf16, block 16, blocks shuffled, as sweep_attention)
 runs both backends in turn over ROUNDS rounds in one process, after checking that their
-outputs agree to bf16 rounding; also each one's CUDA-graph replay (its GPU time).
+outputs agree to bf16 rounding; also each one's CUDA-graph replay (its GPU time). Results
+as DESIGN.md's format, ``attention_eager-<gpu>-<date>.json``: one row an impl, shape and
+stage ("eager": the median of the rounds' medians, "graph": the replay), the floor as
+bench_attention.py's (keys, values, queries and outputs over the copy bandwidth).
 
     python3 bench/eager_attention.py --out $OUT
 """
@@ -12,9 +15,7 @@ outputs agree to bf16 rounding; also each one's CUDA-graph replay (its GPU time)
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from pathlib import Path
 
 import common
 import torch
@@ -35,9 +36,10 @@ SHAPES += [(1, 4096, 1, 32, 8, 64), (32, 1024, 5, 32, 8, 64), (64, 1024, 1, 32, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--out", default=None, help="folder for eager-attention.json")
+    parser.add_argument("--out", default=None, help="folder for the results JSON")
     args = parser.parse_args()
     device = torch.device("cuda")
+    env = common.env_stamp(device)
     rows = []
     for shape in SHAPES:
         B, L, q_len, Hq, Hkv, D = shape
@@ -52,19 +54,21 @@ def main() -> None:
         for _ in range(ROUNDS):
             for backend, fn in calls.items():
                 times[backend].append(common.time_us(fn, device, iters=args.iters))
-        kv_mib = 2 * B * call_args[3].shape[1] * 16 * Hkv * D * 2 / 2**20
-        row = {"B": B, "L": L, "q_len": q_len, "Hq": Hq, "Hkv": Hkv, "D": D, "kv_mib": round(kv_mib, 1),
-               **{f"{backend}_us": round(statistics.median(ts), 1) for backend, ts in times.items()},
-               **{f"{backend}_graph_us": round(graph_time_us(fn, device, args.iters, queued=True), 1)
-                  for backend, fn in calls.items()},
-               **{f"{backend}_rounds_us": [round(t) for t in ts] for backend, ts in times.items()}}
-        print(row, flush=True)
-        rows.append(row)
+        floor_bytes = 2 * (2 * B * L * Hkv * D + 2 * B * q_len * Hq * D)
+        key = {"bench": "attention_eager", "B": B, "L": L, "q_len": q_len, "Hq": Hq, "Hkv": Hkv, "D": D,
+               "block": 16, "dtype": "bf16"}
+        for backend, fn in calls.items():
+            stages = {"eager": statistics.median(times[backend]),
+                      "graph": graph_time_us(fn, device, args.iters, queued=True)}
+            for stage, us in stages.items():
+                rows.append(key | {"stage": stage, "impl": f"specops-{backend}", "us": round(us, 1),
+                                   "floor_us": round(floor_bytes / env["copy_bw_tbs"] / 1e6, 2)})
+        print(shape, {backend: [round(t) for t in ts] for backend, ts in times.items()},
+              [(row["impl"], row["stage"], row["us"]) for row in rows[-4:]], flush=True)
         del call_args
         torch.cuda.empty_cache()
     if args.out:
-        Path(args.out, "eager-attention.json").write_text(json.dumps(rows, indent=1))
-
+        print(common.write_results("attention_eager", env, rows, args.out))
 
 if __name__ == "__main__":
     main()
