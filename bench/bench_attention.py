@@ -86,9 +86,12 @@ class Batch:
                 self.scale)
 
     def floor_bytes(self) -> int:
-        B, L, q_len = self.shape
-        element = torch.finfo(self.dtype).bits // 8
-        return element * (2 * B * L * NUM_KV_HEADS * HEAD_DIM + 2 * B * q_len * NUM_HEADS * HEAD_DIM)
+        return floor_bytes(*self.shape, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, torch.finfo(self.dtype).bits // 8)
+
+
+def floor_bytes(B: int, L: int, q_len: int, Hq: int, Hkv: int, D: int, element_size: int) -> int:
+    """The fewest bytes a call moves: every sequence's keys and values, its queries and outputs."""
+    return element_size * (2 * B * L * Hkv * D + 2 * B * q_len * Hq * D)
 
 
 def torch_eager(x: Batch, compute_dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -19,6 +19,7 @@ import statistics
 
 import common
 import torch
+from bench_attention import floor_bytes
 from bench_verify import graph_time_us
 from sweep_attention import inputs
 
@@ -54,7 +55,7 @@ def main() -> None:
         for _ in range(ROUNDS):
             for backend, fn in calls.items():
                 times[backend].append(common.time_us(fn, device, iters=args.iters))
-        floor_bytes = 2 * (2 * B * L * Hkv * D + 2 * B * q_len * Hq * D)
+        floor_us = floor_bytes(*shape, element_size=2) / env["copy_bw_tbs"] / 1e6
         key = {"bench": "attention_eager", "B": B, "L": L, "q_len": q_len, "Hq": Hq, "Hkv": Hkv, "D": D,
                "block": 16, "dtype": "bf16"}
         for backend, fn in calls.items():
@@ -62,13 +63,14 @@ def main() -> None:
                       "graph": graph_time_us(fn, device, args.iters, queued=True)}
             for stage, us in stages.items():
                 rows.append(key | {"stage": stage, "impl": f"specops-{backend}", "us": round(us, 1),
-                                   "floor_us": round(floor_bytes / env["copy_bw_tbs"] / 1e6, 2)})
+                                   "floor_us": round(floor_us, 2)})
         print(shape, {backend: [round(t) for t in ts] for backend, ts in times.items()},
               [(row["impl"], row["stage"], row["us"]) for row in rows[-4:]], flush=True)
         del call_args
         torch.cuda.empty_cache()
     if args.out:
         print(common.write_results("attention_eager", env, rows, args.out))
+
 
 if __name__ == "__main__":
     main()

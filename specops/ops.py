@@ -353,7 +353,7 @@ def cuda_paged_attention_covers(query: torch.Tensor, key_cache: torch.Tensor) ->
 # Bytes of keys and values a paged_attention call can address (B x max_blocks x block_size
 # x Hkv x D x 2 x the element size) up to which an eager call runs the CUDA kernel by
 # default: there its lower host time outweighs its GPU time. Eager Triton calls replay
-# launch plans (triton_kernels/attention.py), so their host time is ~50-55 µs, not the
+# launch plans (triton_kernels/attention.py), so their host time is ~40-60 µs, not the
 # ~120-310 µs it was. bench/eager_attention.py (H200, 2026-12-02, bf16, GQA 32/8, block 16,
 # the backends in turn in one process, eager µs CUDA / Triton): D=128 decode 48.8 / 61.3
 # (B=1 L=4096, 16 MiB), 54.7 / 64.5 (B=4 L=4096, 64 MiB), 79.2 / 78.2 (B=16 L=4096, 256
