@@ -62,15 +62,16 @@ def resolve(
     """The backend to use: the one asked for (checked to run on ``device``), else the
     fastest available. ``missing`` names the backends ``op`` has no kernel for yet: they are
     skipped by the default choice and raise NotImplementedError when asked for."""
-    available = _available(device.type, os.environ.get("TRITON_INTERPRET"))
+    # (the interpreter's variable matters on CPU tensors alone: not read for CUDA ones)
+    available = _available(device.type, os.environ.get("TRITON_INTERPRET") if device.type == "cpu" else None)
     if missing:
         available = tuple(b for b in available if b not in missing)
     if backend is None:
         return available[0]
-    chosen = Backend(backend)
+    chosen = backend if isinstance(backend, Backend) else Backend(backend)
+    if chosen in available:
+        return chosen
     names = ", ".join(b.value for b in available)
     if chosen in missing:
         raise NotImplementedError(f"{op} has no {chosen.value} kernel yet; available on {device}: {names}")
-    if chosen not in available:
-        raise ValueError(f"backend {chosen.value!r} cannot run on {device} tensors here; available: {names}")
-    return chosen
+    raise ValueError(f"backend {chosen.value!r} cannot run on {device} tensors here; available: {names}")
