@@ -33,6 +33,12 @@ def _check_paged_attention(query, key_cache, value_cache, block_table, seq_lens,
     _require_runnable(query.device)
 
 
+# The registered functions of the functional ops (no argument written), by op name:
+# specops.ops calls them without the dispatcher where nothing stands between an eager call
+# and its kernel (specops.ops._unintercepted).
+DIRECT: dict = {}
+
+
 def register() -> None:
     from specops.triton_kernels import sampling as kernels
     from specops.triton_kernels import attention as attention_kernels
@@ -45,6 +51,10 @@ def register() -> None:
             return fn
 
         return decorate
+
+    def direct(fn):
+        DIRECT[fn.__name__.lstrip("_")] = fn
+        return fn
 
     @impl("expand_to_tokens")
     def _expand_to_tokens(values, cu_num_draft_tokens, num_tokens, replace_from=None, replace_to=0.0):
@@ -95,6 +105,7 @@ def register() -> None:
         _require_runnable(target_probs.device)
         return kernels.sample_recovered_tokens(*args)
 
+    @direct
     @impl("verify")
     def _verify(
         target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
@@ -111,6 +122,7 @@ def register() -> None:
         _require_runnable(key.device)
         attention_kernels.reshape_and_cache(*args)
 
+    @direct
     @impl("paged_attention")
     def _paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale,
                          sliding_window=0, soft_cap=0.0, return_lse=False, max_query_len=0):

@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from specops import _checks, _value_checks
+from specops import _checks, _triton_ops, _value_checks
 from specops.backend import Backend, resolve
 from specops.reference import attention as reference_attention
 from specops.reference import sampling as reference
@@ -69,13 +69,43 @@ def _capability_major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
-def _op(name: str, backend: Backend):
+def _op(name: str, backend: Backend, tensors: tuple = ()):
+    """The callable running op ``name`` on ``backend``: the registered op (its one overload),
+    the reference function, or for a functional Triton op whose ``tensors`` (every tensor
+    argument) nothing intercepts (``_unintercepted``) the function the op is registered
+    with, called without the dispatcher: the same function less its round trip into Python
+    (~6 µs a call on the H200 host, bench/host_attention.py)."""
     if backend is Backend.REFERENCE:
         module = next(m for m in (reference, reference_verify, reference_attention) if hasattr(m, name))
         return getattr(module, name)
     if backend is Backend.TRITON:
-        return getattr(torch.ops.specops_triton, name)
-    return getattr(torch.ops.specops, name)
+        direct = _triton_ops.DIRECT.get(name) if tensors else None
+        if direct is not None and _unintercepted(tensors):
+            return direct
+        return getattr(torch.ops.specops_triton, name).default
+    return getattr(torch.ops.specops, name).default
+
+
+def _unintercepted(tensors: tuple) -> bool:
+    """Whether the dispatcher would do nothing for a call of these tensors but run its
+    kernel: no tracing, dispatch or function mode, profiler or functorch transform, and
+    plain tensors (not subclasses) none of which needs a gradient (through the dispatcher
+    they would get a grad_fn that warns or raises on backward). ~1 µs: every eager Triton call asks."""
+    if (torch.compiler.is_compiling() or _dispatch_modes() or _function_modes() or _profiling()
+            or _functorch_level() is not None):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not _TENSOR or (grad and t.requires_grad)):
+            return False
+    return True
+
+
+_TENSOR = torch.Tensor
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_profiling = torch._C._autograd._profiler_enabled
+_functorch_level = torch._C._functorch.peek_interpreter_stack
 
 
 def expand_to_tokens(
@@ -319,7 +349,9 @@ def verify(
             cu_num_draft_tokens, draft_token_ids.shape[0], max_spec_len, draft_token_ids, target_logits.shape[-1],
             target_logits, bonus_logits, temperature, top_p,
         )
-    return _op("verify", chosen)(
+    tensors = (target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k,
+               top_p, seeds, positions)
+    return _op("verify", chosen, tensors)(
         target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
         seeds, positions, max_spec_len, return_logprobs,
     )
@@ -374,9 +406,12 @@ def cuda_attention_faster_eagerly(query: torch.Tensor, key_cache: torch.Tensor, 
     table addresses at most CUDA_ATTENTION_EAGER_MAX_BYTES of keys and values."""
     if query.dim() != 3 or key_cache.dim() != 4 or block_table.dim() != 2:
         return False  # malformed: the Triton path's checks name the argument
-    _, block_size, num_kv_heads, head_dim = key_cache.shape
-    reach = block_table.shape[0] * block_table.shape[1] * block_size * num_kv_heads * head_dim * 2
-    return (cuda_paged_attention_covers(query, key_cache) and num_kv_heads > 0
+    # (cuda_paged_attention_covers inlined, each shape read once: every eager call asks)
+    query_shape, cache_shape = query.shape, key_cache.shape
+    num_kv_heads = cache_shape[2]
+    reach = block_table.numel() * cache_shape[1] * num_kv_heads * cache_shape[3] * 2
+    return (num_kv_heads > 0 and query.dtype in CUDA_ATTENTION_DTYPES and query_shape[2] in CUDA_ATTENTION_HEAD_DIMS
+            and query_shape[1] // num_kv_heads <= CUDA_ATTENTION_MAX_GROUP
             and reach * key_cache.element_size() <= CUDA_ATTENTION_EAGER_MAX_BYTES)
 
 
@@ -384,10 +419,9 @@ def _cuda_attention_by_default(query, key_cache, value_cache, block_table) -> bo
     """The eager default's choice of the CUDA kernel (sm_90+, built, the kernel's 16-byte
     alignment, shapes where it is faster eagerly); never while a graph is captured or
     torch.compile traces (no data pointers there)."""
-    device = query.device
-    if device.type != "cuda" or torch.compiler.is_compiling() or _capturing_cuda_graph():
+    if not query.is_cuda or _capturing_cuda_graph():
         return False
-    return (_cuda_major(device.index) >= 9
+    return (_cuda_major(query.get_device()) >= 9
             and all(t.data_ptr() % 16 == 0 for t in (query, key_cache, value_cache))
             and cuda_attention_faster_eagerly(query, key_cache, block_table))
 
@@ -502,7 +536,7 @@ def paged_attention(
         _value_checks.validate_paged_attention_values(
             block_table, seq_lens, cu_query_lens, query.shape[0], key_cache.shape[1], key_cache.shape[0]
         )
-    return _op("paged_attention", chosen)(
+    return _op("paged_attention", chosen, (query, key_cache, value_cache, block_table, seq_lens, cu_query_lens))(
         query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale, sliding_window, soft_cap,
         return_lse, max_query_len,
     )
