@@ -385,19 +385,21 @@ def cuda_paged_attention_covers(query: torch.Tensor, key_cache: torch.Tensor) ->
 # Bytes of keys and values a paged_attention call can address (B x max_blocks x block_size
 # x Hkv x D x 2 x the element size) up to which an eager call runs the CUDA kernel by
 # default: there its lower host time outweighs its GPU time. Eager Triton calls replay
-# launch plans (triton_kernels/attention.py), so their host time is ~40-60 µs, not the
-# ~120-310 µs it was. bench/eager_attention.py (H200, 2026-12-02, bf16, GQA 32/8, block 16,
-# the backends in turn in one process, eager µs CUDA / Triton): D=128 decode 48.8 / 61.3
-# (B=1 L=4096, 16 MiB), 54.7 / 64.5 (B=4 L=4096, 64 MiB), 79.2 / 78.2 (B=16 L=4096, 256
-# MiB), 78.5 / 70.0 (B=64 L=1024), 112.5 / 115.0 (384 MiB), 143-146 / 130-132 (512 MiB);
-# verify (q_len 5) 46.4 / 61.0 (B=1), 59.6 / 65.6 (B=4), 89.9 / 79.2 (B=16 L=4096), 90.3 /
-# 77.2 (B=64 L=1024), 129.7 / 111.2 (384 MiB); D=64 decode 52.8 / 67.0 (B=64 L=1024, 128
-# MiB), 84.2 / 71.6 (256 MiB), verify 52.6 / 62.1 (B=32 L=1024, 64 MiB); many query rows
-# 126.2 / 234.2 (B=1 q_len 512, 8 MiB), 239.6 / 233.5 (B=4 q_len 128, 64 MiB), 152.7 / 134.3
-# (B=16 q_len 64 L=1024, 64 MiB). Up to 128 MiB the CUDA call wins 8 of 10 shapes and their
-# sum (884 against 1050 µs); from 256 MiB the Triton call wins every shape but one (B=96
-# decode, by 2%). Graph capture (and torch.compile) keep the Triton kernel.
-CUDA_ATTENTION_EAGER_MAX_BYTES = 128 << 20
+# launch plans (triton_kernels/attention.py) and skip the dispatcher (_op), so their host
+# time is ~20 µs on the H200 host (bench/host_attention.py), the CUDA call's ~18.
+# bench/eager_attention.py (H200, 2026-12-02 at 871b1c5, bench/results/attention_eager-h200-
+# 20261202.json; bf16, GQA 32/8, block 16, the backends in turn in one process, eager µs
+# CUDA / Triton): D=128 decode 49.3 / 53.3 (B=1 L=4096, 16 MiB), 51.2 / 53.9 (B=4 L=4096,
+# 64 MiB), 79.5 / 72.6 (B=16 L=4096, 256 MiB), 78.6 / 70.0 (B=64 L=1024), 113.1 / 116.2
+# (384 MiB), 143-146 / 130-132 (512 MiB); verify (q_len 5) 50.2 / 56.1 (B=1), 60.5 / 61.2
+# (B=4), 90.3 / 79.1 (B=16 L=4096), 89.7 / 77.2 (B=64 L=1024), 129.5 / 111.2 (384 MiB);
+# D=64 decode 44.6 / 47.4 (B=1 L=4096, 8 MiB), 52.8 / 38.8 (B=64 L=1024, 128 MiB), 84.5 /
+# 71.5 (256 MiB), verify 47.6 / 51.0 (B=32 L=1024, 64 MiB); many query rows 127.7 / 234.6
+# (B=1 q_len 512, 8 MiB), 239.1 / 233.7 (B=4 q_len 128, 64 MiB), 152.8 / 133.8 (B=16 q_len
+# 64 L=1024, 64 MiB). Up to 64 MiB the CUDA call wins 7 of 9 shapes and their sum (823
+# against 925 µs); from 128 MiB the Triton call wins every shape but one (B=96 decode, by
+# 3%). Graph capture (and torch.compile) keep the Triton kernel.
+CUDA_ATTENTION_EAGER_MAX_BYTES = 64 << 20
 
 
 def cuda_attention_faster_eagerly(query: torch.Tensor, key_cache: torch.Tensor, block_table: torch.Tensor) -> bool:
@@ -521,7 +523,7 @@ def paged_attention(
     reference. On CUDA tensors the default is the Triton kernel inside CUDA-graph capture
     and torch.compile (its GPU time is lower: the CUDA kernel takes 1.01-1.17x its time at
     B >= 16 and 1.34-1.48x at B=1 on the H100, bench/NOTES.md), and for eager calls the
-    CUDA kernel where it covers the case and the block table addresses at most 128 MiB of
+    CUDA kernel where it covers the case and the block table addresses at most 64 MiB of
     keys and values (``cuda_attention_faster_eagerly``: its lower host time wins there),
     else the Triton kernel.
     """
