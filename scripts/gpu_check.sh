@@ -27,7 +27,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site FLASHINFER_CUDA_ARCH_LIST=9.0
 fi
 # pytest-xdist spreads the GPU tests over processes when it is installed.
-PARALLEL=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
+# GPU_PARALLEL="-n 8" sets the processes (an H200 host's 16 cores ran -n 8 well).
+PARALLEL=${GPU_PARALLEL:-$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")}
 # Every test marked gpu, whichever file holds it (a list of files had missed four of them).
 # GPU_TESTS=... in the environment runs a subset: the whole set outlasts one 10-minute device
 # call (an H200 at -n 8 ran 88% of it in ~9 min), so split it over calls, e.g.
