@@ -72,9 +72,10 @@ def _capability_major(index: int) -> int:
 def _op(name: str, backend: Backend, tensors: tuple = ()):
     """The callable running op ``name`` on ``backend``: the registered op (its one overload),
     the reference function, or for a functional Triton op whose ``tensors`` (every tensor
-    argument) nothing intercepts (``_unintercepted``) the function the op is registered
-    with, called without the dispatcher: the same function less its round trip into Python
-    (~6 µs a call on the H200 host, bench/host_attention.py)."""
+    argument; empty where a host argument is not of its schema's Python type, which the
+    dispatcher would convert) nothing intercepts (``_unintercepted``) the function the op is
+    registered with, called without the dispatcher: the same function less its round trip
+    into Python (~6 µs a call on the H200 host, bench/host_attention.py)."""
     if backend is Backend.REFERENCE:
         module = next(m for m in (reference, reference_verify, reference_attention) if hasattr(m, name))
         return getattr(module, name)
@@ -351,7 +352,8 @@ def verify(
         )
     tensors = (target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k,
                top_p, seeds, positions)
-    return _op("verify", chosen, tensors)(
+    plain = type(max_spec_len) is int and type(return_logprobs) is bool  # else the dispatcher converts them
+    return _op("verify", chosen, tensors if plain else ())(
         target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
         seeds, positions, max_spec_len, return_logprobs,
     )
@@ -538,7 +540,11 @@ def paged_attention(
         _value_checks.validate_paged_attention_values(
             block_table, seq_lens, cu_query_lens, query.shape[0], key_cache.shape[1], key_cache.shape[0]
         )
-    return _op("paged_attention", chosen, (query, key_cache, value_cache, block_table, seq_lens, cu_query_lens))(
+    # (host values of other types than their schema's, e.g. a 0-d tensor scale: the dispatcher converts them)
+    plain = (type(scale) is float and type(sliding_window) is int and type(soft_cap) is float
+             and type(return_lse) is bool and type(max_query_len) is int)
+    tensors = (query, key_cache, value_cache, block_table, seq_lens, cu_query_lens) if plain else ()
+    return _op("paged_attention", chosen, tensors)(
         query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale, sliding_window, soft_cap,
         return_lse, max_query_len,
     )

@@ -5,6 +5,7 @@ a gradient) keeps the dispatcher. Both ways give the same result."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -125,3 +126,20 @@ def test_dispatcher_kept_where_something_intercepts(device, name, spy):
     with torch.no_grad():  # no gradient, nothing to intercept: direct again
         public(needing_grad)
     assert counted.calls == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_host_values_of_other_types_keep_the_dispatcher(device, spy):
+    """The dispatcher converts a host value to its schema's type (a 0-d tensor or numpy scale,
+    an int soft cap); the direct call would pass it on as it is, so it is not taken."""
+    _needs_triton(device)
+    args = _attention_args(device)
+    want = CASES["paged_attention"][1](args)
+    counted = spy("paged_attention")
+    for scale in (torch.tensor(args[6]), np.float32(args[6]), np.float64(args[6])):
+        got = CASES["paged_attention"][1](args[:6] + (scale,))
+        _assert_same(got, want)
+    _assert_same(CASES["paged_attention"][1](args, soft_cap=0), want)
+    _assert_same(CASES["verify"][1](_verify_args(device)[:-1] + (np.int64(3),)),
+                 CASES["verify"][1](_verify_args(device)))
+    assert counted.calls == 0
