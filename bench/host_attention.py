@@ -11,14 +11,12 @@ waits on the host and the host never waits on the GPU), wall time / calls. Usage
 from __future__ import annotations
 
 import argparse
-import cProfile
 import functools
-import pstats
 import statistics
 
 import torch
 from bench_attention import import_flashinfer
-from host_verify import host_us
+from host_verify import host_us, print_profile
 from sweep_attention import inputs
 
 import common
@@ -117,14 +115,7 @@ def main() -> None:
             specops.paged_attention(*call_args, max_query_len=q_len, backend=args.backend, validate=False)
         torch.cuda.synchronize()
 
-    run()
-    profile = cProfile.Profile()
-    profile.enable()
-    run()
-    profile.disable()
-    stats = pstats.Stats(profile)
-    stats.sort_stats("tottime").print_stats(args.top)
-    stats.sort_stats("cumulative").print_stats(args.top)
+    print_profile(run, args.top)
 
 
 if __name__ == "__main__":

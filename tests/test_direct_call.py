@@ -22,6 +22,13 @@ if HAS_CUDA:
     DEVICES.append(pytest.param("cuda", id="cuda", marks=pytest.mark.gpu))
 
 
+def _case(device, name):
+    """(arguments, the public call, the registered op's call) of one op on ``device``."""
+    _needs_triton(device)
+    make_args, public, registered = CASES[name]
+    return make_args(device), public, registered
+
+
 def _needs_triton(device):
     if Backend.TRITON not in specops.available_backends(torch.device(device)):
         pytest.skip("the Triton backend does not run on these tensors here (TRITON_INTERPRET=1 on the CPU)")
@@ -44,6 +51,9 @@ CASES = {
     "verify": (_verify_args, lambda args, **kw: specops.verify(*args, False, validate=False, backend="triton", **kw),
                lambda args: torch.ops.specops_triton.verify.default(*args, False)),
 }
+
+EACH_OP = pytest.mark.parametrize("name", list(CASES))
+EACH_DEVICE = pytest.mark.parametrize("device", DEVICES)
 
 
 class _Spy:
@@ -85,12 +95,10 @@ def _assert_same(got, want):
                                      and torch.equal(g.nan_to_num(), w.nan_to_num()))
 
 
-@pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("device", DEVICES)
+@EACH_OP
+@EACH_DEVICE
 def test_direct_call_equals_the_registered_op(device, name, spy):
-    _needs_triton(device)
-    make_args, public, registered = CASES[name]
-    args = make_args(device)
+    args, public, registered = _case(device, name)
     counted = spy(name)
     got = public(args)
     assert counted.calls == 1, "an eager call with nothing intercepting it should skip the dispatcher"
@@ -100,12 +108,10 @@ def test_direct_call_equals_the_registered_op(device, name, spy):
     assert not any(torch.isnan(t).any() for t in got if t.is_floating_point() and t.numel())
 
 
-@pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("device", DEVICES)
+@EACH_OP
+@EACH_DEVICE
 def test_dispatcher_kept_where_something_intercepts(device, name, spy):
-    _needs_triton(device)
-    make_args, public, _ = CASES[name]
-    args = make_args(device)
+    args, public, _ = _case(device, name)
     want = public(args)
     counted = spy(name)
     log = _OpLog()
@@ -128,7 +134,7 @@ def test_dispatcher_kept_where_something_intercepts(device, name, spy):
     assert counted.calls == 1
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@EACH_DEVICE
 def test_host_values_of_other_types_keep_the_dispatcher(device, spy):
     """The dispatcher converts a host value to its schema's type (a 0-d tensor or numpy scale,
     an int soft cap); the direct call would pass it on as it is, so it is not taken."""
