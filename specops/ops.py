@@ -423,7 +423,7 @@ def _cuda_attention_by_default(query, key_cache, value_cache, block_table) -> bo
     """The eager default's choice of the CUDA kernel (sm_90+, built, the kernel's 16-byte
     alignment, shapes where it is faster eagerly); never while a graph is captured or
     torch.compile traces (no data pointers there)."""
-    if not query.is_cuda or _capturing_cuda_graph():
+    if not query.is_cuda or torch.compiler.is_compiling() or _capturing_cuda_graph():
         return False
     return (_cuda_major(query.get_device()) >= 9
             and all(t.data_ptr() % 16 == 0 for t in (query, key_cache, value_cache))
