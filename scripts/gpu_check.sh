@@ -38,8 +38,10 @@ WARMUP_PID=""
 status=0
 
 run_tests() {
+  # Each test's time and outcome as it ends (tests/conftest.py), kept when a call's limit cuts the run.
   # shellcheck disable=SC2086
-  python3 -m pytest -q -m gpu -p no:cacheprovider $PARALLEL --durations=15 $GPU_TESTS > "$LOG/gpu_tests.log" 2>&1
+  SPECOPS_TEST_TIMES="$LOG/test_times.txt" python3 -m pytest -q -m gpu -p no:cacheprovider $PARALLEL --durations=15 \
+    $GPU_TESTS > "$LOG/gpu_tests.log" 2>&1
   tail -25 "$LOG/gpu_tests.log"
 }
 

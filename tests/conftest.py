@@ -33,6 +33,17 @@ if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("SPECOPS_INTERPR
     interpreter_speedup.install()
 
 HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_runtest_logreport(report):
+    """With SPECOPS_TEST_TIMES=PATH, each test's setup and call time and outcome appended to
+    PATH as it ends (one line a phase, by the main process alone under xdist): a run cut
+    short by a time limit still tells which tests ran and what they took."""
+    path = os.environ.get("SPECOPS_TEST_TIMES")
+    if not path or report.when == "teardown" or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    with open(path, "a") as times:
+        times.write(f"{report.duration:8.2f} {report.when:5s} {report.outcome:7s} {report.nodeid}\n")
 requires_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 
