@@ -1,11 +1,12 @@
 """Where an eager specops.paged_attention call spends its host time, layer by layer: the
 public function, the registered op (the dispatcher), the launcher without the dispatcher,
 the plan's key and its native replay, for the CUDA and the Triton kernel; FlashInfer's
-planned decode run and a few PyTorch calls as the host's yardsticks; then cProfile over
-eager calls of one backend. Host time = calls queued behind a sleep kernel (the GPU never
-waits on the host and the host never waits on the GPU), wall time / calls. Usage (GPU):
+planned call (its decode run, or its prefill for q_len > 1) and a few PyTorch calls as the
+host's yardsticks; then cProfile over eager calls of one backend. Host time = calls queued
+behind a sleep kernel (the GPU never waits on the host and the host never waits on the
+GPU), wall time / calls. Usage (GPU):
 
-    python bench/host_attention.py --shape 1:4096:1 --backend triton
+    python bench/host_attention.py --shape 1:4096:1 --backend triton --flashinfer
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import functools
 import statistics
 
 import torch
-from bench_attention import import_flashinfer
+from bench_attention import Batch, flashinfer_calls, import_flashinfer
 from host_verify import host_us, print_profile
-from sweep_attention import inputs
 
 import common
 import specops
@@ -79,21 +79,17 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--flashinfer", action="store_true", help="also FlashInfer's planned decode run (q_len 1)")
+    parser.add_argument("--flashinfer", action="store_true", help="also FlashInfer's planned call (bench_attention's)")
     args = parser.parse_args()
     device = torch.device("cuda")
     B, L, q_len = (int(v) for v in args.shape.split(":"))
-    call_args = inputs(B, L, q_len, 32, 8, 128, device)
+    batch = Batch(B, L, q_len, device, torch.bfloat16)
+    call_args = batch.specops_args()
     calls = layers(call_args, q_len) | yardsticks(call_args[0])
-    flashinfer = import_flashinfer() if args.flashinfer and q_len == 1 else None
-    if flashinfer is not None:
-        workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
-        blocks = call_args[3].shape[1]
-        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
-        wrapper.plan((torch.arange(B + 1, device=device) * blocks).to(torch.int32), call_args[3].flatten(),
-                     torch.full((B,), (L - 1) % 16 + 1, dtype=torch.int32, device=device), 32, 8, 128, 16,
-                     q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=call_args[6])
-        calls["flashinfer decode run"] = functools.partial(wrapper.run, call_args[0], call_args[1:3])
+    flashinfer = import_flashinfer() if args.flashinfer else None
+    if flashinfer is not None:  # decode: the CUDA-cores wrapper (FlashInfer's default), else its prefill
+        planned = flashinfer_calls(flashinfer, batch, ("cuda-cores",))
+        calls |= {f"flashinfer {path}": fn for path, fn in planned.items()}
     for fn in calls.values():  # compile, plan, warm
         for _ in range(3):
             fn()
