@@ -376,12 +376,14 @@ def cuda_paged_attention_covers(query: torch.Tensor, key_cache: torch.Tensor) ->
     Malformed shapes count as covered, so that the kernel's own checks name them."""
     if query.dim() != 3 or key_cache.dim() != 4 or key_cache.shape[2] == 0:
         return True
-    num_heads, head_dim, num_kv_heads = query.shape[1], query.shape[2], key_cache.shape[2]
-    return (
-        query.dtype in CUDA_ATTENTION_DTYPES
-        and head_dim in CUDA_ATTENTION_HEAD_DIMS
-        and num_heads // num_kv_heads <= CUDA_ATTENTION_MAX_GROUP
-    )
+    _, num_heads, head_dim = query.shape
+    return _cuda_covers(query.dtype, head_dim, num_heads, key_cache.shape[2])
+
+
+def _cuda_covers(dtype: torch.dtype, head_dim: int, num_heads: int, num_kv_heads: int) -> bool:
+    """The CUDA kernel's coverage of well-formed shapes (num_kv_heads > 0)."""
+    return (dtype in CUDA_ATTENTION_DTYPES and head_dim in CUDA_ATTENTION_HEAD_DIMS
+            and num_heads // num_kv_heads <= CUDA_ATTENTION_MAX_GROUP)
 
 
 # Bytes of keys and values a paged_attention call can address (B x max_blocks x block_size
@@ -410,12 +412,11 @@ def cuda_attention_faster_eagerly(query: torch.Tensor, key_cache: torch.Tensor, 
     table addresses at most CUDA_ATTENTION_EAGER_MAX_BYTES of keys and values."""
     if query.dim() != 3 or key_cache.dim() != 4 or block_table.dim() != 2:
         return False  # malformed: the Triton path's checks name the argument
-    # (cuda_paged_attention_covers inlined, each shape read once: every eager call asks)
-    query_shape, cache_shape = query.shape, key_cache.shape
-    num_kv_heads = cache_shape[2]
-    reach = block_table.numel() * cache_shape[1] * num_kv_heads * cache_shape[3] * 2
-    return (num_kv_heads > 0 and query.dtype in CUDA_ATTENTION_DTYPES and query_shape[2] in CUDA_ATTENTION_HEAD_DIMS
-            and query_shape[1] // num_kv_heads <= CUDA_ATTENTION_MAX_GROUP
+    # (each shape read once: every eager call asks)
+    _, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, kv_head_dim = key_cache.shape
+    reach = block_table.numel() * block_size * num_kv_heads * kv_head_dim * 2
+    return (num_kv_heads > 0 and _cuda_covers(query.dtype, head_dim, num_heads, num_kv_heads)
             and reach * key_cache.element_size() <= CUDA_ATTENTION_EAGER_MAX_BYTES)
 
 
