@@ -33,6 +33,7 @@ if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("SPECOPS_INTERPR
     interpreter_speedup.install()
 
 HAS_CUDA = torch.cuda.is_available()
+requires_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 
 def pytest_runtest_logreport(report):
@@ -44,7 +45,6 @@ def pytest_runtest_logreport(report):
         return
     with open(path, "a") as times:
         times.write(f"{report.duration:8.2f} {report.when:5s} {report.outcome:7s} {report.nodeid}\n")
-requires_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 
 @pytest.fixture
