@@ -350,10 +350,11 @@ def verify(
             cu_num_draft_tokens, draft_token_ids.shape[0], max_spec_len, draft_token_ids, target_logits.shape[-1],
             target_logits, bonus_logits, temperature, top_p,
         )
+    # (the direct call's tensors, for a Triton call whose host values are of their schema's types)
+    direct = chosen is Backend.TRITON and type(max_spec_len) is int and type(return_logprobs) is bool
     tensors = (target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k,
-               top_p, seeds, positions)
-    plain = type(max_spec_len) is int and type(return_logprobs) is bool  # else the dispatcher converts them
-    return _op("verify", chosen, tensors if plain else ())(
+               top_p, seeds, positions) if direct else ()
+    return _op("verify", chosen, tensors)(
         target_logits, bonus_logits, draft_token_ids, draft_probs, cu_num_draft_tokens, temperature, top_k, top_p,
         seeds, positions, max_spec_len, return_logprobs,
     )
@@ -541,10 +542,11 @@ def paged_attention(
         _value_checks.validate_paged_attention_values(
             block_table, seq_lens, cu_query_lens, query.shape[0], key_cache.shape[1], key_cache.shape[0]
         )
-    # (host values of other types than their schema's, e.g. a 0-d tensor scale: the dispatcher converts them)
-    plain = (type(scale) is float and type(sliding_window) is int and type(soft_cap) is float
-             and type(return_lse) is bool and type(max_query_len) is int)
-    tensors = (query, key_cache, value_cache, block_table, seq_lens, cu_query_lens) if plain else ()
+    # (the direct call's tensors, for a Triton call whose host values are of their schema's types:
+    # others, e.g. a 0-d tensor scale, the dispatcher converts)
+    direct = (chosen is Backend.TRITON and type(scale) is float and type(sliding_window) is int
+              and type(soft_cap) is float and type(return_lse) is bool and type(max_query_len) is int)
+    tensors = (query, key_cache, value_cache, block_table, seq_lens, cu_query_lens) if direct else ()
     return _op("paged_attention", chosen, tensors)(
         query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale, sliding_window, soft_cap,
         return_lse, max_query_len,

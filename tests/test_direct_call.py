@@ -139,13 +139,13 @@ def test_host_values_of_other_types_keep_the_dispatcher(device, spy):
     """The dispatcher converts a host value to its schema's type (a 0-d tensor or numpy scale,
     an int soft cap); the direct call would pass it on as it is, so it is not taken."""
     _needs_triton(device)
-    args = _attention_args(device)
-    want = CASES["paged_attention"][1](args)
-    counted = spy("paged_attention")
+    args, verify_args = _attention_args(device), _verify_args(device)
+    want, want_verify = CASES["paged_attention"][1](args), CASES["verify"][1](verify_args)
+    counted, counted_verify = spy("paged_attention"), spy("verify")
     for scale in (torch.tensor(args[6]), np.float32(args[6]), np.float64(args[6])):
         got = CASES["paged_attention"][1](args[:6] + (scale,))
         _assert_same(got, want)
     _assert_same(CASES["paged_attention"][1](args, soft_cap=0), want)
-    _assert_same(CASES["verify"][1](_verify_args(device)[:-1] + (np.int64(3),)),
-                 CASES["verify"][1](_verify_args(device)))
+    _assert_same(CASES["verify"][1](verify_args[:-1] + (np.int64(3),)), want_verify)
     assert counted.calls == 0
+    assert counted_verify.calls == 0
