@@ -55,6 +55,16 @@ def triton_verify():
     return verify
 
 
+@pytest.fixture
+def chosen_backends(monkeypatch):
+    """The backends specops.ops._op is asked for from now on, in call order (a spy on the
+    op lookup of every public call; the calls still run)."""
+    chosen = []
+    op = specops.ops._op
+    monkeypatch.setattr(specops.ops, "_op", lambda name, backend, *rest: chosen.append(backend) or op(name, backend, *rest))
+    return chosen
+
+
 def launch_grids(monkeypatch, module, name: str) -> list:
     """The grids of every launch of kernel ``name`` of ``module`` from now on (the launches
     still run), in order."""

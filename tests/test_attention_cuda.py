@@ -73,31 +73,28 @@ def test_eager_default_takes_the_cuda_kernel_up_to_its_crossover(dtype, batch, c
 
 @pytest.mark.gpu
 @requires_cuda_kernels
-def test_gpu_eager_default_backend(monkeypatch):
+def test_gpu_eager_default_backend(chosen_backends):
     """On the GPU: a small eager bfloat16 call runs the CUDA kernel by default (its result
     is the CUDA kernel's, bit for bit); the same call captured in a CUDA graph, one whose
     block table addresses past the crossover, and one misaligned for the CUDA kernel run
     the Triton kernel."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the eager default takes the CUDA kernel on sm_90+ only")
-    chosen = []
-    op = specops.ops._op
-    monkeypatch.setattr(specops.ops, "_op", lambda name, backend: chosen.append(backend) or op(name, backend))
     inputs = on_gpu(make_batch([300, 17], [5, 1], 8, 2, 128, 16, torch.bfloat16, seed=45))
     got = specops.paged_attention(*inputs.values(), 0.1, 0, 0.0, True)
     cuda = specops.paged_attention(*inputs.values(), 0.1, 0, 0.0, True, backend="cuda")
-    assert chosen == [Backend.CUDA, Backend.CUDA]
+    assert chosen_backends == [Backend.CUDA, Backend.CUDA]
     assert torch.equal(got[0], cuda[0]) and torch.equal(got[1], cuda[1])
     check_against_reference(inputs, got, 0.1)
 
     specops.paged_attention(*inputs.values(), 0.1, 0, 0.0, True, backend="triton")  # compiled before capture
-    chosen.clear()
+    chosen_backends.clear()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         specops.paged_attention(*inputs.values(), 0.1, 0, 0.0, True)
-    assert chosen == [Backend.TRITON]
+    assert chosen_backends == [Backend.TRITON]
 
-    chosen.clear()
+    chosen_backends.clear()
     wide = dict(inputs)  # same keys; the table's extra columns (never read) reach 512 MiB
     columns = (512 << 20) // (2 * 2 * 16 * 2 * 128 * 2) + 1
     wide["block_table"] = torch.cat([inputs["block_table"], inputs["block_table"][:, :1].expand(2, columns)], 1)
@@ -107,7 +104,7 @@ def test_gpu_eager_default_backend(monkeypatch):
     storage = torch.empty(inputs["query"].numel() + 1, dtype=torch.bfloat16, device="cuda")
     misaligned = dict(inputs, query=storage[1:].view_as(inputs["query"]).copy_(inputs["query"]))
     specops.paged_attention(*misaligned.values(), 0.1, 0, 0.0, True)
-    assert chosen == [Backend.TRITON, Backend.TRITON]
+    assert chosen_backends == [Backend.TRITON, Backend.TRITON]
 
 
 def poison_cuda_allocator(nbytes: int = 64 << 20) -> None:

@@ -802,12 +802,9 @@ def test_gpu_every_cluster_size_matches_reference(device, backend, vocab, counts
 
 @pytest.mark.gpu
 @requires_gpu
-def test_gpu_default_backend_is_triton_inside_graph_capture(monkeypatch):
+def test_gpu_default_backend_is_triton_inside_graph_capture(chosen_backends):
     """Eager calls run the CUDA kernel, captured calls the Triton kernel (faster replayed);
     the replay equals the eager result (both backends follow the reference exactly)."""
-    chosen = []
-    op = specops.ops._op
-    monkeypatch.setattr(specops.ops, "_op", lambda name, backend: chosen.append(backend) or op(name, backend))
     # A vocabulary no other test uses: the Triton kernels compile inside the capture, as they
     # would for an engine whose eager warm-up ran the CUDA kernel.
     inputs = on(make_inputs([4, 1, 3], 30011, seed=5, greedy_fraction=0.3), "cuda")
@@ -817,7 +814,7 @@ def test_gpu_default_backend_is_triton_inside_graph_capture(monkeypatch):
         static = specops.verify(*inputs.values(), 4, True)
     graph.replay()
     torch.cuda.synchronize()
-    assert chosen[0] is Backend.CUDA and chosen[-1] is Backend.TRITON
+    assert chosen_backends[0] is Backend.CUDA and chosen_backends[-1] is Backend.TRITON
     for s, e in zip(static, eager):
         assert torch.equal(s, e)
 
@@ -838,19 +835,16 @@ def test_eager_default_steers_to_triton_by_logits():
 
 @pytest.mark.gpu
 @requires_gpu
-def test_gpu_eager_default_runs_triton_on_many_logits(monkeypatch):
+def test_gpu_eager_default_runs_triton_on_many_logits(chosen_backends):
     """An eager call past the crossover (B=96, k=4, V=128256 with top-k and top-p: 62M
     logits) runs the Triton kernel by default, a small one the CUDA kernel; the default's
     result equals the CUDA kernel's."""
-    chosen = []
-    op = specops.ops._op
-    monkeypatch.setattr(specops.ops, "_op", lambda name, backend: chosen.append(backend) or op(name, backend))
     inputs = on(make_inputs([4] * 96, 128256, seed=8, greedy_fraction=0.25, with_top=True), "cuda")
     default = specops.verify(*inputs.values(), 4, False)
     cuda = specops.verify(*inputs.values(), 4, False, backend="cuda")
     small = on(make_inputs([4], 128256, seed=8, greedy_fraction=0.25, with_top=True), "cuda")
     specops.verify(*small.values(), 4, False)
-    assert chosen == [Backend.TRITON, Backend.CUDA, Backend.CUDA]
+    assert chosen_backends == [Backend.TRITON, Backend.CUDA, Backend.CUDA]
     for d, c in zip(default, cuda):
         assert torch.equal(d, c)
 
