@@ -73,7 +73,7 @@ def test_eager_default_takes_the_cuda_kernel_up_to_its_crossover(dtype, batch, c
 
 @pytest.mark.gpu
 @requires_cuda_kernels
-def test_gpu_eager_default_backend(chosen_backends):
+def test_gpu_default_backend_eager_and_in_capture(chosen_backends):
     """On the GPU: a small eager bfloat16 call runs the CUDA kernel by default (its result
     is the CUDA kernel's, bit for bit); the same call captured in a CUDA graph, one whose
     block table addresses past the crossover, and one misaligned for the CUDA kernel run
