@@ -39,9 +39,22 @@ status=0
 
 run_tests() {
   # Each test's time and outcome as it ends (tests/conftest.py), kept when a call's limit cuts the run.
+  # GPU_RESUME=FILE (an earlier call's test_times.txt, carried in the tree) runs only the tests
+  # of GPU_TESTS that FILE does not show passed: a set too long for one call resumes in the next.
+  local targets
+  # shellcheck disable=SC2086
+  read -r -a targets <<< "$(echo $GPU_TESTS)"
+  if [ -n "${GPU_RESUME:-}" ]; then
+    awk '$2 == "call" && $3 == "passed" {print $4}' "$GPU_RESUME" | sort -u > "$LOG/resume_passed.txt"
+    python3 -m pytest -q -m gpu --collect-only -p no:cacheprovider "${targets[@]}" 2>/dev/null | grep "::" \
+      | grep -vxFf "$LOG/resume_passed.txt" > "$LOG/resume_todo.txt"
+    mapfile -t targets < "$LOG/resume_todo.txt"
+    echo "resuming: ${#targets[@]} tests left, $(wc -l < "$LOG/resume_passed.txt") passed before"
+    [ ${#targets[@]} -gt 0 ] || return 0
+  fi
   # shellcheck disable=SC2086
   SPECOPS_TEST_TIMES="$LOG/test_times.txt" python3 -m pytest -q -m gpu -p no:cacheprovider $PARALLEL --durations=15 \
-    $GPU_TESTS > "$LOG/gpu_tests.log" 2>&1
+    "${targets[@]}" > "$LOG/gpu_tests.log" 2>&1
   tail -25 "$LOG/gpu_tests.log"
 }
 
@@ -50,21 +63,29 @@ run_memcheck() {
   # test_verify_ops.py and the attention files took ~10 min on an H100: split the list over
   # device calls as GPU_TESTS above).
   # The caching allocator is off so that a read past any tensor's end is caught (inside a
-  # pooled block it would not be); graph captures need it (no cudaMalloc while capturing),
-  # so the graph tests (named for a graph or a capture) run in a second pass with it on.
-  # MEMCHECK_TESTS=... runs a subset (the plans' replays: tests/test_*launch_plan.py).
+  # pooled block it would not be); graph captures need it (no cudaMalloc while capturing), so
+  # there a test is skipped where it would capture and named in a file (tests/conftest.py),
+  # and those tests run in a second pass with the allocator on.
+  # MEMCHECK_TESTS=... runs a subset (files or test ids; the plans' replays: tests/test_*launch_plan.py),
+  # MEMCHECK_PARALLEL="-n 4" spreads it over processes; each test's time and outcome go to memcheck_times.txt.
   local tests=${MEMCHECK_TESTS:-"tests/test_sampling_ops.py tests/test_sampling_errors.py tests/test_verify_ops.py
     tests/test_verify_sample.py tests/test_verify_unscreened.py tests/test_verify_max_pass_tests.py
     tests/test_attention_triton.py tests/test_attention_cuda.py tests/test_attention_ops.py
     tests/test_triton_launch_plan.py tests/test_attention_launch_plan.py"}
   local sanitizer="compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20"
+  local skips="$LOG/memcheck_capture_skips.txt" captures
+  : > "$skips"
   # shellcheck disable=SC2086
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 $sanitizer python3 -m pytest -q -m gpu -p no:cacheprovider -k "not graph and not capture" $tests \
-    > "$LOG/memcheck.log" 2>&1
+  SPECOPS_TEST_TIMES="$LOG/memcheck_times.txt" SPECOPS_CAPTURE_SKIPS="$skips" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+    $sanitizer python3 -m pytest -q -m gpu -p no:cacheprovider ${MEMCHECK_PARALLEL:-} $tests > "$LOG/memcheck.log" 2>&1
   echo "memcheck exit $?" >> "$LOG/memcheck.log"
-  # shellcheck disable=SC2086
-  $sanitizer python3 -m pytest -q -m gpu -p no:cacheprovider -k "graph or capture" $tests >> "$LOG/memcheck.log" 2>&1
-  echo "memcheck (graph tests) exit $?" >> "$LOG/memcheck.log"
+  mapfile -t captures < <(sort -u "$skips")
+  if [ ${#captures[@]} -gt 0 ]; then
+    # shellcheck disable=SC2086
+    SPECOPS_TEST_TIMES="$LOG/memcheck_times.txt" $sanitizer python3 -m pytest -q -m gpu -p no:cacheprovider \
+      ${MEMCHECK_PARALLEL:-} "${captures[@]}" >> "$LOG/memcheck.log" 2>&1
+    echo "memcheck (the ${#captures[@]} tests that capture, allocator on) exit $?" >> "$LOG/memcheck.log"
+  fi
   grep -E "ERROR SUMMARY|passed|failed|memcheck" "$LOG/memcheck.log" | tail -8
 }
 
