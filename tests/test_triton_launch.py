@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from conftest import capture, requires_gpu
 from specops.triton_kernels.launch import (DIRECT_TRITON_RELEASES, DirectLaunch, cdiv, direct_launch,
-                                           next_power_of_2)
+                                           next_power_of_2, observed)
 from triton.runtime.jit import JITFunction
 
 
@@ -22,6 +22,32 @@ def test_host_integer_helpers_equal_tritons():
     for a in range(0, 5000, 13):
         for b in (1, 2, 3, 16, 2048, 4097):
             assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
+
+
+def test_observed_sees_each_hook_and_knob(monkeypatch):
+    """What sends launches back through JITFunction.run: a hook in Triton's chains, a plain
+    hook set in their place, the debug and instrumentation knobs; none of them: not observed."""
+    from triton import knobs
+
+    assert not observed()
+    hook = lambda *args: None  # noqa: E731
+    for chain in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        chain.add(hook)
+        try:
+            assert observed()
+        finally:
+            chain.remove(hook)
+        assert not observed()
+    with monkeypatch.context() as m:
+        m.setattr(knobs.runtime, "launch_exit_hook", hook)
+        assert observed()
+    with monkeypatch.context() as m:
+        m.setattr(knobs.runtime, "debug", True)
+        assert observed()
+    with monkeypatch.context() as m:
+        m.setattr(knobs.compilation, "instrumentation_mode", "consan")
+        assert observed()
+    assert not observed()
 
 
 def _scale_kernel(out_ptr, in_ptr, n, factor, BLOCK: tl.constexpr, SHIFT: tl.constexpr):

