@@ -68,7 +68,7 @@ run_memcheck() {
   # and those tests run in a second pass with the allocator on.
   # MEMCHECK_TESTS=... runs a subset (files or test ids; the plans' replays: tests/test_*launch_plan.py),
   # MEMCHECK_PARALLEL="-n 4" spreads it over processes; each test's time and outcome go to memcheck_times.txt.
-  local tests=${MEMCHECK_TESTS:-"tests/test_sampling_ops.py tests/test_sampling_errors.py tests/test_verify_ops.py
+  local tests=${MEMCHECK_TESTS:-"tests/test_sampling_ops.py tests/test_sampling_errors.py tests/test_verify_ops.py tests/test_verify_search.py
     tests/test_verify_sample.py tests/test_verify_unscreened.py tests/test_verify_max_pass_tests.py
     tests/test_attention_triton.py tests/test_attention_cuda.py tests/test_attention_ops.py
     tests/test_triton_launch_plan.py tests/test_attention_launch_plan.py"}

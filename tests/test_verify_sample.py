@@ -13,7 +13,7 @@ import torch
 from conftest import HAS_CUDA
 from specops.backend import Backend, triton_available
 from specops.reference import verify as reference_verify
-from verify_inputs import make_inputs, rejecting_first_drafts
+from verify_inputs import assert_matches_reference, make_inputs, rejecting_first_drafts
 
 DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else [])
 needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton")
@@ -147,7 +147,6 @@ def test_triton_draw_across_blocks_matches_reference(ngram, with_top, monkeypatc
     or spread over the row (CPU, interpreter: rows of 150 cross every kind of edge rows of
     300 did, in fewer blocks for the searches' rounds to read)."""
     from specops.triton_kernels import verify as triton_verify
-    from test_verify_ops import assert_matches_reference
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
                         ("MASS_BLOCK", 8)):
@@ -191,7 +190,6 @@ def test_triton_residual_draw_in_every_request(with_top, path, monkeypatch):
     int32 workspaces start as garbage: the decisions zero the arrival counters, no memset
     (CPU, interpreter: the programs run one at a time, in one order)."""
     from specops.triton_kernels import verify as triton_verify
-    from test_verify_ops import assert_matches_reference
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
                         ("RESIDUAL_RESIDENT", 16), ("MASS_BLOCK", 4)):

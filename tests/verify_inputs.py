@@ -1,8 +1,14 @@
-"""Inputs of the fused verify op from fresh random data, shared by its tests."""
+"""Inputs of the fused verify op from fresh random data, and the comparisons of a kernel's
+result with the reference's, shared by its tests."""
 
 from __future__ import annotations
 
 import torch
+
+import specops
+from specops.backend import Backend
+from specops.reference.verify import processed_probs
+from specops.reference.verify import verify as reference_verify
 
 
 def make_inputs(num_draft_tokens, vocab, seed, *, greedy_fraction=0.3, ngram=False, dtype=torch.float32,
@@ -55,8 +61,6 @@ def rejecting_first_drafts(inputs, path):
     "proposal": q ~ 1 on the draft, so the residual is nearly p and a proposal is kept;
     "direct": q is p (processed, greedy requests at T = 1) but for 1e-3 moved onto the
     draft, so the residual mass is ~1e-3 of p's and no proposal is kept."""
-    from specops.reference.verify import processed_probs
-
     inputs = dict(inputs)
     counts = torch.diff(inputs["cu_num_draft_tokens"].long(), prepend=torch.zeros(1, dtype=torch.long))
     request = torch.repeat_interleave(torch.arange(len(counts)), counts)
@@ -82,10 +86,31 @@ def rejecting_first_drafts(inputs, path):
 
 def triton_tokens(inputs, device, max_spec_len, validate=True):
     """(output tokens, accepted counts) of the Triton kernel's tokens-only call, on the CPU."""
-    import specops
-    from specops.backend import Backend
-
-    moved = {k: (v.to(device) if v is not None else None) for k, v in inputs.items()}
-    out, accepted, _ = specops.verify(*moved.values(), max_spec_len, False, backend=Backend.TRITON,
+    out, accepted, _ = specops.verify(*on(inputs, device).values(), max_spec_len, False, backend=Backend.TRITON,
                                       validate=validate)
     return out.cpu(), accepted.cpu()
+
+
+def on(inputs, device):
+    """The inputs moved to ``device`` (None kept)."""
+    return {k: (v.to(device) if v is not None else None) for k, v in inputs.items()}
+
+
+def assert_matches_reference(inputs, max_spec_len, device, backend, validate=True):
+    """The kernel on ``device`` returns exactly what the reference returns on the CPU."""
+    expected = reference_verify(**inputs, max_spec_len=max_spec_len, return_logprobs=True)
+    got = specops.verify(*on(inputs, device).values(), max_spec_len, True, backend=backend, validate=validate)
+    names = ("output_token_ids", "num_accepted", "logprobs")
+    for name, g, e in zip(names, got, expected):
+        g = g.cpu()
+        assert g.dtype == e.dtype and g.shape == e.shape, name
+        assert torch.equal(g, e), f"{name} differs:\n{g}\n{e}"
+
+
+def assert_tokens_match_reference(inputs, max_spec_len, device, backend, validate=True):
+    """As assert_matches_reference, without log-probabilities: the path on which the Triton
+    kernel settles acceptance tests from approximate normalisers (verify_screen.py)."""
+    expected = reference_verify(**inputs, max_spec_len=max_spec_len)
+    got = specops.verify(*on(inputs, device).values(), max_spec_len, False, backend=backend, validate=validate)
+    for name, g, e in zip(("output_token_ids", "num_accepted"), got, expected):
+        assert torch.equal(g.cpu(), e), f"{name} differs:\n{g}\n{e}"
