@@ -89,11 +89,13 @@ def _op(name: str, backend: Backend, tensors: tuple = ()):
 
 def _unintercepted(tensors: tuple) -> bool:
     """Whether the dispatcher would do nothing for a call of these tensors but run its
-    kernel: no tracing, dispatch or function mode, profiler or functorch transform, and
-    plain tensors (not subclasses) none of which needs a gradient (through the dispatcher
-    they would get a grad_fn that warns or raises on backward). ~1 µs: every eager Triton call asks."""
+    kernel: no tracing (torch.compile, or torch.jit.trace, which records only what reaches the
+    dispatcher and hands Python traced sizes), dispatch or function mode, profiler or functorch
+    transform, and plain tensors (not subclasses) none of which needs a gradient (through the
+    dispatcher they would get a grad_fn that warns or raises on backward). ~1 µs: every eager
+    Triton call asks."""
     if (torch.compiler.is_compiling() or _dispatch_modes() or _function_modes() or _profiling()
-            or _functorch_level() is not None):
+            or _functorch_level() is not None or _jit_tracing() is not None):
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
@@ -107,6 +109,7 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._is_torch_function_mode_enabled
 _profiling = torch._C._autograd._profiler_enabled
 _functorch_level = torch._C._functorch.peek_interpreter_stack
+_jit_tracing = torch._C._get_tracing_state
 
 
 def expand_to_tokens(

@@ -1,9 +1,11 @@
 """Eager Triton calls of the functional ops (verify, paged_attention) through specops.ops run
 the function the op is registered with, without the dispatcher, where nothing would
-intercept the call; anything that would (a dispatch mode, the profiler, a tensor that needs
-a gradient) keeps the dispatcher. Both ways give the same result."""
+intercept the call; anything that would (a dispatch mode, the profiler, torch.jit.trace, a
+tensor that needs a gradient) keeps the dispatcher. Both ways give the same result."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -108,6 +110,29 @@ def test_direct_call_equals_the_registered_op(device, name, spy):
     assert not any(torch.isnan(t).any() for t in got if t.is_floating_point() and t.numel())
 
 
+def _tensors(args):
+    return tuple(a for a in args if isinstance(a, torch.Tensor))
+
+
+def _jit_traced(public, args):
+    """``public`` traced by torch.jit.trace over the tensors of ``args``; fails unless the op
+    is in the traced graph (a direct call would bypass the tracer, which also hands the
+    launcher traced sizes where it expects ints)."""
+    slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+    def call(*tensors):
+        filled = list(args)
+        for i, t in zip(slots, tensors):
+            filled[i] = t
+        return public(tuple(filled))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.trace(call, _tensors(args), check_trace=False)
+    assert any(node.kind().startswith("specops_triton::") for node in traced.graph.nodes()), traced.graph
+    return traced
+
+
 @EACH_OP
 @EACH_DEVICE
 def test_dispatcher_kept_where_something_intercepts(device, name, spy):
@@ -122,6 +147,7 @@ def test_dispatcher_kept_where_something_intercepts(device, name, spy):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         public(args)
     assert any(f"specops_triton::{name}" in event.name for event in profile.events())
+    _assert_same(_jit_traced(public, args)(*_tensors(args)), want)  # the op recorded in the trace
     needing_grad = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
                          else a for a in args)
     outputs = public(needing_grad)
