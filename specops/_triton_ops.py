@@ -11,8 +11,10 @@ import torch
 from specops import _checks
 
 
-def _require_runnable(device: torch.device) -> None:
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+def _require_runnable(tensor: torch.Tensor) -> None:
+    """Raises unless Triton runs on ``tensor``'s device (``is_cpu``: no device object or
+    type string built on the calls' path)."""
+    if tensor.is_cpu and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
             "specops_triton ops run on CPU tensors only under the Triton interpreter: "
             "set TRITON_INTERPRET=1 before importing specops"
@@ -22,7 +24,7 @@ def _require_runnable(device: torch.device) -> None:
 def _check_verify(*args) -> None:
     """verify's checks (skipped by a replayed plan: its key is a call's that passed them)."""
     _checks.check_verify(*args[:11])
-    _require_runnable(args[0].device)
+    _require_runnable(args[0])
 
 
 def _check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale,
@@ -30,7 +32,7 @@ def _check_paged_attention(query, key_cache, value_cache, block_table, seq_lens,
     """paged_attention's checks (skipped by a replayed plan: its key is a call's that passed them)."""
     _checks.check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
                                   sliding_window, soft_cap, max_query_len)
-    _require_runnable(query.device)
+    _require_runnable(query)
 
 
 # The registered functions of the functional ops (no argument written), by op name:
@@ -59,7 +61,7 @@ def register() -> None:
     @impl("expand_to_tokens")
     def _expand_to_tokens(values, cu_num_draft_tokens, num_tokens, replace_from=None, replace_to=0.0):
         _checks.check_expand_to_tokens(values, cu_num_draft_tokens, num_tokens, replace_from)
-        _require_runnable(values.device)
+        _require_runnable(values)
         return kernels.expand_to_tokens(values, cu_num_draft_tokens, num_tokens, replace_from, replace_to)
 
     @impl("rejection_greedy_sample")
@@ -68,7 +70,7 @@ def register() -> None:
     ):
         args = (output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, is_greedy)
         _checks.check_rejection_greedy_sample(*args)
-        _require_runnable(output_token_ids.device)
+        _require_runnable(output_token_ids)
         kernels.rejection_greedy_sample(*args)
 
     @impl("rejection_random_sample")
@@ -95,14 +97,14 @@ def register() -> None:
             is_greedy,
         )
         _checks.check_rejection_random_sample(*args)
-        _require_runnable(output_token_ids.device)
+        _require_runnable(output_token_ids)
         kernels.rejection_random_sample(*args)
 
     @impl("sample_recovered_tokens")
     def _sample_recovered_tokens(cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, exponentials):
         args = (cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, exponentials)
         _checks.check_sample_recovered_tokens(*args)
-        _require_runnable(target_probs.device)
+        _require_runnable(target_probs)
         return kernels.sample_recovered_tokens(*args)
 
     @direct
@@ -119,7 +121,7 @@ def register() -> None:
     def _reshape_and_cache(key, value, key_cache, value_cache, slot_mapping):
         args = (key, value, key_cache, value_cache, slot_mapping)
         _checks.check_reshape_and_cache(*args)
-        _require_runnable(key.device)
+        _require_runnable(key)
         attention_kernels.reshape_and_cache(*args)
 
     @direct

@@ -343,7 +343,7 @@ def verify(
     # Triton is faster (a graph being captured, many logits); an explicit backend="cuda" is
     # not steered.
     num_logits = (target_logits.shape[0] + bonus_logits.shape[0]) * target_logits.shape[-1]
-    skip_cuda = device.type == "cuda" and (
+    skip_cuda = target_logits.is_cuda and (
         target_logits.shape[-1] > CUDA_VERIFY_MAX_VOCAB or _cuda_major(device.index) < 9
         or _capturing_cuda_graph()
         or triton_faster_eagerly(num_logits, top_k is not None or top_p is not None, return_logprobs))

@@ -294,7 +294,7 @@ def planned(launcher):
         first = args[0] if isinstance(args[0], torch.Tensor) else next(a for a in args if isinstance(a, torch.Tensor))
         device = first.device
         # (torch._C's device and capture queries: CUDA is initialised, a CUDA tensor exists)
-        if (not ENABLED or _modified or device.type != "cuda" or _recording() is not None
+        if (not ENABLED or _modified or not first.is_cuda or _recording() is not None
                 or torch._C._cuda_isCurrentStreamCapturing() or observed()):
             if check is not None:
                 check(*args)
