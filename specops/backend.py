@@ -56,15 +56,19 @@ def _available(device_type: str, interpret: str | None) -> tuple[Backend, ...]:
     return tuple(backends)
 
 
+@functools.cache  # device.type builds its string through a C++ stream on each read: ~3k instructions
+def _device_type(device: torch.device) -> str:
+    return device.type
+
+
 def resolve(
     backend: Backend | str | None, device: torch.device, *, op: str = "", missing: tuple[Backend, ...] = ()
 ) -> Backend:
     """The backend to use: the one asked for (checked to run on ``device``), else the
     fastest available. ``missing`` names the backends ``op`` has no kernel for yet: they are
     skipped by the default choice and raise NotImplementedError when asked for."""
-    # (the interpreter's variable matters on CPU tensors alone: not read for CUDA ones; each read
-    # of device.type builds a new string, 0.25 µs on a CI core)
-    device_type = device.type
+    # (the interpreter's variable matters on CPU tensors alone: not read for CUDA ones)
+    device_type = _device_type(device)
     available = _available(device_type, os.environ.get("TRITON_INTERPRET") if device_type == "cpu" else None)
     if missing:
         available = tuple(b for b in available if b not in missing)
