@@ -9,6 +9,8 @@
 #   scripts/gpu_check.sh build ab-search              # the top-k/top-p searches (bench/ab_verify.py)
 #   scripts/gpu_check.sh build plans                  # the plans' GPU tests, then bench/eager_attention.py
 # ATTENTION_QUICK=1 / E2E_QUICK=1 run only the key shapes of those benchmarks.
+# GPU_RESUME=FILE (an earlier call's test_times.txt) runs only the tests it does not show passed;
+# MEMCHECK_TESTS / MEMCHECK_PARALLEL pick and spread memcheck's tests (see run_memcheck).
 # FlashInfer is installed from .whl/ when present (see bench/README.md); `build` also
 # compiles FlashInfer's benchmark kernels in the background (bench/flashinfer_warmup.py),
 # and the bench stages wait for that.

@@ -126,9 +126,10 @@ def observed() -> bool:
     """Whether Triton's launch hooks, debug or instrumentation knobs are set: JITFunction.run
     serves them. (Every eager launch and planned call asks: no import or list here, 0.6 ->
     0.3 µs on a CI core.)"""
-    runtime = _knobs().runtime
+    knobs = _knobs()
+    runtime = knobs.runtime
     return bool(_hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook) or runtime.debug
-                or _knobs().compilation.instrumentation_mode)
+                or knobs.compilation.instrumentation_mode)
 
 
 def _hooked(hook) -> bool:

@@ -36,6 +36,7 @@ ENABLED = True
 MAX_PLANS = 512  # keys kept per launcher; past it the plans start afresh
 _ALIGN = 256  # byte alignment of each workspace buffer inside the one allocation
 
+
 class _Local(threading.local):
     recorder: _Recorder | None = None  # the call this thread is recording, if any
 
