@@ -74,7 +74,9 @@ run_memcheck() {
     tests/test_verify_sample.py tests/test_verify_unscreened.py tests/test_verify_max_pass_tests.py
     tests/test_attention_triton.py tests/test_attention_cuda.py tests/test_attention_ops.py
     tests/test_triton_launch_plan.py tests/test_attention_launch_plan.py"}
-  local sanitizer="compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20"
+  # --launch-timeout: the default 10 s to attach was too short for a pass started while other
+  # tests loaded the host (stop 59: "No attachable process found", the pass not run).
+  local sanitizer="compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 --launch-timeout 300"
   local skips="$LOG/memcheck_capture_skips.txt" captures
   : > "$skips"
   # shellcheck disable=SC2086

@@ -50,7 +50,7 @@ def pytest_runtest_logreport(report):
 if HAS_CUDA and os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
 
     @pytest.fixture(autouse=True)
-    def _captures_left_to_the_allocator(request, monkeypatch):
+    def _captures_left_to_the_allocator(request):
         """memcheck's first pass runs with the caching allocator off (a read past a tensor's
         end is caught only then), where a CUDA graph capture fails (cudaMalloc while
         capturing): a test is skipped where it would capture, its id appended to
@@ -64,7 +64,11 @@ if HAS_CUDA and os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
                     skips.write(request.node.nodeid + "\n")
             pytest.skip("captures a CUDA graph, which needs the caching allocator")
 
-        monkeypatch.setattr(torch.cuda.graph, "__enter__", skip)
+        # A patch of its own: a test's monkeypatch.undo() would also undo one made with the
+        # test's shared monkeypatch fixture, and its capture then ran with the allocator off.
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch.cuda.graph, "__enter__", skip)
+            yield
 
 
 @pytest.fixture
