@@ -113,7 +113,8 @@ run_stage() {
       ;;
     test) run_tests ;;
     memcheck) run_memcheck ;;
-    tests+memcheck)  # both at once: the sanitizer is slow and mostly CPU-bound
+    tests+memcheck)  # both at once, the sanitizer being slow; the tests beside it took 2.6x their
+      # time alone in one H200 session (bench/NOTES.md: a cold Triton cache counted in), so heavy sets go alone
       run_memcheck > "$LOG/memcheck.summary" &
       run_tests
       wait $!
