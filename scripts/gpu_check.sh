@@ -75,7 +75,7 @@ run_memcheck() {
     tests/test_attention_triton.py tests/test_attention_cuda.py tests/test_attention_ops.py
     tests/test_triton_launch_plan.py tests/test_attention_launch_plan.py"}
   # --launch-timeout: the default 10 s to attach was too short for a pass started while other
-  # tests loaded the host (stop 59: "No attachable process found", the pass not run).
+  # tests loaded the host ("No attachable process found", the pass not run; NOTES, 2026-12-03).
   local sanitizer="compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 --launch-timeout 300"
   local skips="$LOG/memcheck_capture_skips.txt" captures
   : > "$skips"
@@ -113,8 +113,8 @@ run_stage() {
       ;;
     test) run_tests ;;
     memcheck) run_memcheck ;;
-    tests+memcheck)  # both at once, the sanitizer being slow; the tests beside it took 2.6x their
-      # time alone in one H200 session (bench/NOTES.md: a cold Triton cache counted in), so heavy sets go alone
+    tests+memcheck)  # both at once, the sanitizer being slow; but the tests beside it took 2.6x
+      # their time alone on an H200 (NOTES, 2026-12-03, a cold Triton cache counted in): heavy sets alone
       run_memcheck > "$LOG/memcheck.summary" &
       run_tests
       wait $!
