@@ -34,20 +34,20 @@ NO_CUDA_KERNEL = (Backend.CUDA,)
 CUDA_VERIFY_MAX_VOCAB = 16 * 96 * 1024 // 4
 # Logits (target and bonus rows x vocab) from which an eager verify call runs the Triton
 # kernel by default: its GPU time, below the CUDA kernel's, then outweighs its host time
-# (~40-70 µs a call replayed from a plan by specops._C.LaunchPlan, triton_kernels/launch_plan.py:
-# the first two calls of each set of shapes take longer, and the host's speed varies between
-# rounds). bench/eager_crossover.py (H200, 2026-12-01, after the native replay; k=4,
-# V=128256, random; Mi = 2^20 logits; the backends in turn over 5 rounds in one process),
-# CUDA µs / Triton medians: tokens only 66 / 81 at 0.6 Mi, 82 / 91 at 9.8 Mi, 84 / 93 at 20
-# Mi, 116 / 105 at 29 Mi, 123 / 106 at 39 Mi, 191 / 99 at 59 Mi; with log-probabilities 57 /
-# 68 at 4.9 Mi, 65 / 64 at 9.8 Mi (rounds either way), 124 / 126 at 20 Mi, 180 / 121 at 29
-# Mi; with top-k 50 and top-p 0.9 123 / 186 at 0.6 Mi, 136 / 122 at 1.2 Mi, 189 / 164 at 2.4
-# Mi, 211 / 138 at 4.9 Mi. The CUDA kernel's time is its GPU time; each threshold sits
-# between a size where the CUDA call wins or ties and one where the Triton call wins in 4 or
-# 5 of the 5 rounds.
-TRITON_EAGER_MIN_LOGITS = 24 << 20
-TRITON_EAGER_MIN_LOGITS_LOGPROBS = 24 << 20
-TRITON_EAGER_MIN_LOGITS_FILTERED = 1 << 20
+# (~40-70 µs a call replayed from a plan by specops._C.LaunchPlan, triton_kernels/launch_plan.py,
+# and called without the dispatcher: the first two calls of each set of shapes take longer,
+# and the host's speed varies between rounds). bench/eager_crossover.py (H200, 2026-12-03,
+# 633c66d; k=4, V=128256, random; Mi = 2^20 logits; the backends in turn over 5 rounds in one
+# process), CUDA µs / Triton medians: tokens only 63 / 68 at 0.6 Mi, 62 / 60 at 1.2 Mi, 62 /
+# 59 at 2.4 Mi, 64 / 57 at 9.8 Mi, 67 / 46 at 20 Mi, 123 / 67 at 39 Mi; with
+# log-probabilities 48 / 52 at 2.4 Mi, 39 / 44 at 4.9 Mi, 65 / 46 at 9.8 Mi, 123 / 69 at 20
+# Mi; with top-k 50 and top-p 0.9 124 / 129 at 0.6 Mi, 134 / 148 at 1.2 Mi (Triton ahead in 2
+# of 5 rounds), 189 / 144 at 2.4 Mi, 211 / 138 at 4.9 Mi. The CUDA kernel's time is its GPU
+# time; each threshold sits between a size where the CUDA call wins or ties and one where the
+# Triton call wins in 4 or 5 of the 5 rounds.
+TRITON_EAGER_MIN_LOGITS = 1 << 20
+TRITON_EAGER_MIN_LOGITS_LOGPROBS = 8 << 20
+TRITON_EAGER_MIN_LOGITS_FILTERED = 2 << 20
 
 
 def triton_faster_eagerly(num_logits: int, filtered: bool, return_logprobs: bool = False) -> bool:
@@ -335,8 +335,8 @@ def verify(
     reference. On CUDA tensors the default is the CUDA kernel (the faster one called
     eagerly on small calls: the Triton launch costs more host time), and the Triton kernel
     while a CUDA graph is being captured (replayed, it is faster: bench/NOTES.md), for
-    calls of many logits (``triton_faster_eagerly``: from 24 Mi logits, 1 Mi with top-k
-    or top-p), for a larger vocabulary and on an older GPU.
+    calls of many logits (``triton_faster_eagerly``: from 1 Mi logits, 8 Mi with
+    log-probabilities, 2 Mi with top-k or top-p), for a larger vocabulary and on an older GPU.
     """
     device = target_logits.device
     # The default skips the CUDA kernel where it cannot run (vocabulary, GPU) and where

@@ -444,14 +444,13 @@ def test_eager_default_steers_to_triton_by_logits():
     """The eager default's crossover (specops.ops.TRITON_EAGER_MIN_LOGITS): the bench's
     shapes on either side of it, as measured (specops/ops.py)."""
     rows = lambda batch, k: batch * (k + 1)  # noqa: E731 (target and bonus rows)
-    assert not specops.ops.triton_faster_eagerly(rows(1, 4) * 128256, filtered=False)
-    assert not specops.ops.triton_faster_eagerly(rows(32, 4) * 128256, filtered=False)  # 20 Mi: 84 / 93 µs
-    assert specops.ops.triton_faster_eagerly(rows(48, 4) * 128256, filtered=False)  # 29 Mi: 116 / 105
+    assert not specops.ops.triton_faster_eagerly(rows(1, 4) * 128256, filtered=False)  # 0.6 Mi: 63 / 68 µs
+    assert specops.ops.triton_faster_eagerly(rows(2, 4) * 128256, filtered=False)  # 1.2 Mi: 62 / 60
     assert specops.ops.triton_faster_eagerly(rows(64, 8) * 151936, filtered=False)
-    assert not specops.ops.triton_faster_eagerly(rows(32, 4) * 128256, filtered=False, return_logprobs=True)  # 20 Mi
-    assert specops.ops.triton_faster_eagerly(rows(48, 4) * 128256, filtered=False, return_logprobs=True)  # 29 Mi
-    assert not specops.ops.triton_faster_eagerly(rows(1, 4) * 128256, filtered=True)  # 0.6 Mi: 123 / 186
-    assert specops.ops.triton_faster_eagerly(rows(2, 4) * 128256, filtered=True)  # 1.2 Mi: 136 / 122
+    assert not specops.ops.triton_faster_eagerly(rows(8, 4) * 128256, False, return_logprobs=True)  # 4.9 Mi: 39 / 44
+    assert specops.ops.triton_faster_eagerly(rows(16, 4) * 128256, False, return_logprobs=True)  # 9.8 Mi: 65 / 46
+    assert not specops.ops.triton_faster_eagerly(rows(2, 4) * 128256, filtered=True)  # 1.2 Mi: 134 / 148
+    assert specops.ops.triton_faster_eagerly(rows(4, 4) * 128256, filtered=True)  # 2.4 Mi: 189 / 144
 
 
 @pytest.mark.gpu
