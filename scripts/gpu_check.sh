@@ -29,8 +29,11 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site FLASHINFER_CUDA_ARCH_LIST=9.0
 fi
 # pytest-xdist spreads the GPU tests over processes when it is installed.
-# GPU_PARALLEL="-n 8" sets the processes (an H200 host's 16 cores ran -n 8 well).
+# GPU_PARALLEL="-n 8" sets the processes (an H200 host's 16 cores ran -n 8 well); with
+# --dist loadgroup the tests of one xdist_group run in one worker, in turn (the sampling
+# full-size cases: 72 s one after another, not done in 300 s side by side; NOTES, 2026-12-03).
 PARALLEL=${GPU_PARALLEL:-$(python3 -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")}
+case "$PARALLEL" in -n*) PARALLEL="$PARALLEL --dist loadgroup" ;; esac
 # Every test marked gpu, whichever file holds it (a list of files had missed four of them).
 # GPU_TESTS=... in the environment runs a subset: the whole set outlasts one 10-minute device
 # call (an H200 at -n 8 ran 88% of it in ~9 min), so split it over calls, e.g.
