@@ -4,7 +4,9 @@ eager default (specops/ops.py, TRITON_EAGER_MIN_LOGITS*) should switch to Triton
 Both backends run each call in turn over ROUNDS rounds in one process (the Triton call's
 host time moves between processes); the tokens of the two are checked equal first.
 Rows: tokens only, with log-probabilities, and with top-k 50 + top-p 0.9, at k = 4,
-V = 128256, random requests, batches on either side of each threshold.
+V = 128256, random requests, batches on either side of each threshold; and all-greedy calls
+(temperature=None, which spares the Triton kernel every launch after the max pass), which
+the default steers by the same tokens-only threshold.
 
     python3 bench/eager_crossover.py --out $OUT
 """
@@ -24,10 +26,11 @@ from bench_verify import verify_args
 import specops
 
 ROUNDS = 5
-# (B, top_k, top_p, return_logprobs)
-CASES = ([(B, 50, 0.9, False) for B in (1, 2, 4, 8, 12, 16, 32)]
-         + [(B, None, None, False) for B in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)]
-         + [(B, None, None, True) for B in (1, 4, 8, 16, 32, 48, 64)])
+# (B, top_k, top_p, return_logprobs, mode)
+CASES = ([(B, 50, 0.9, False, "random") for B in (1, 2, 4, 8, 12, 16, 32)]
+         + [(B, None, None, False, "random") for B in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)]
+         + [(B, None, None, True, "random") for B in (1, 4, 8, 16, 32, 48, 64)]
+         + [(B, None, None, False, "greedy") for B in (1, 2, 4, 16, 64)])
 
 
 def main() -> None:
@@ -38,9 +41,11 @@ def main() -> None:
     device = torch.device("cuda")
     k, V = 4, 128256
     rows = []
-    for B, top_k, top_p, logprobs in CASES:
-        x = make_inputs(B, k, V, "random", device, for_flashinfer=False)
+    for B, top_k, top_p, logprobs, mode in CASES:
+        x = make_inputs(B, k, V, mode, device, for_flashinfer=False)
         call_args = verify_args(x, device, top_k, top_p)
+        if mode == "greedy":  # the all-greedy promise (temperature=None), as bench_verify's greedy rows
+            call_args = call_args[:5] + (None,) + call_args[6:]
         calls = {backend: (lambda backend=backend: specops.verify(*call_args, return_logprobs=logprobs,
                                                                    backend=backend, validate=False))
                  for backend in ("cuda", "triton")}
@@ -51,7 +56,7 @@ def main() -> None:
             for backend, fn in calls.items():
                 times[backend].append(common.time_us(fn, device, iters=args.iters))
         row = {"B": B, "k": k, "V": V, "logits_mi": round(B * (k + 1) * V / 2**20, 1),
-               "filtered": top_k is not None, "logprobs": logprobs,
+               "filtered": top_k is not None, "logprobs": logprobs, "mode": mode,
                **{f"{backend}_us": round(statistics.median(ts), 1) for backend, ts in times.items()},
                **{f"{backend}_rounds_us": [round(t) for t in ts] for backend, ts in times.items()}}
         print(row, flush=True)
