@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import backend_params, capture, requires_gpu
@@ -67,6 +67,14 @@ def test_residual_token_through_each_path_matches_reference(device, backend, pat
 
 @pytest.mark.parametrize("device,backend", KERNEL_BACKENDS)
 def test_hypothesis_matches_reference(device, backend):
+    """Drawn batches equal the reference. The Triton kernel under the interpreter takes 2/5
+    of the profile's examples (10 of CI's 25: they cost ~7.6 s each there, the suite's longest
+    test; bench/NOTES.md, 2026-12-03); on a GPU every backend takes them all."""
+    examples = settings.default.max_examples
+    if device == "cpu" and backend is Backend.TRITON:
+        examples = max(10, examples * 2 // 5)
+
+    @settings(max_examples=examples)
     @given(
         counts=st.lists(st.integers(0, 5), min_size=1, max_size=6),
         vocab=st.sampled_from([2, 9, 64, 257]),
