@@ -32,6 +32,12 @@ if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("SPECOPS_INTERPR
 
     interpreter_speedup.install()
 
+# Under pytest-xdist each worker's torch would take every core for its intra-op threads
+# (8 workers x 16 threads on a 16-core GPU host): each worker gets its share of the cores.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+
 HAS_CUDA = torch.cuda.is_available()
 requires_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
