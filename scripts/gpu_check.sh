@@ -50,7 +50,8 @@ run_tests() {
   # shellcheck disable=SC2086
   read -r -a targets <<< "$(echo $GPU_TESTS)"
   if [ -n "${GPU_RESUME:-}" ]; then
-    awk '$2 == "call" && $3 == "passed" {print $4}' "$GPU_RESUME" | sort -u > "$LOG/resume_passed.txt"
+    # (an id run under --dist loadgroup ends in @group, which the collected ids lack)
+    awk '$2 == "call" && $3 == "passed" {print $4}' "$GPU_RESUME" | sed 's/@[^@]*$//' | sort -u > "$LOG/resume_passed.txt"
     python3 -m pytest -q -m gpu --collect-only -p no:cacheprovider "${targets[@]}" 2>/dev/null | grep "::" \
       | grep -vxFf "$LOG/resume_passed.txt" > "$LOG/resume_todo.txt"
     mapfile -t targets < "$LOG/resume_todo.txt"
