@@ -44,17 +44,25 @@ CUDA_VERIFY_MAX_VOCAB = 16 * 96 * 1024 // 4
 # Mi; with top-k 50 and top-p 0.9 124 / 129 at 0.6 Mi, 134 / 148 at 1.2 Mi (Triton ahead in 2
 # of 5 rounds), 189 / 144 at 2.4 Mi, 211 / 138 at 4.9 Mi. The CUDA kernel's time is its GPU
 # time; each threshold sits between a size where the CUDA call wins or ties and one where the
-# Triton call wins in 4 or 5 of the 5 rounds.
+# Triton call wins in 4 or 5 of the 5 rounds. All-greedy calls (temperature=None) without
+# log-probabilities, where the Triton kernel runs its max pass alone, have no threshold:
+# Triton won at every size measured (the same script, H200, 2026-12-03, 8709ba5; CUDA / Triton
+# µs, Triton ahead in 4 or 5 of 5 rounds at each): 41 / 32 at V=32000 B=1
+# (0.15 Mi), 42 / 39 at B=4 (0.6 Mi), 41 / 30 at V=128256 B=1, 41 / 31 at B=16, 58 / 45 at B=64.
 TRITON_EAGER_MIN_LOGITS = 1 << 20
 TRITON_EAGER_MIN_LOGITS_LOGPROBS = 8 << 20
 TRITON_EAGER_MIN_LOGITS_FILTERED = 2 << 20
 
 
-def triton_faster_eagerly(num_logits: int, filtered: bool, return_logprobs: bool = False) -> bool:
+def triton_faster_eagerly(num_logits: int, filtered: bool, return_logprobs: bool = False,
+                          all_greedy: bool = False) -> bool:
     """Whether an eager verify call over ``num_logits`` logits (with top-k or top-p when
-    ``filtered``, log-probabilities when ``return_logprobs``) runs faster on the Triton
-    kernel than on the CUDA kernel."""
-    if filtered:
+    ``filtered``, log-probabilities when ``return_logprobs``, every request greedy by
+    temperature=None when ``all_greedy``, which ignores top-k and top-p) runs faster on the
+    Triton kernel than on the CUDA kernel."""
+    if all_greedy and not return_logprobs:
+        return True
+    if filtered and not all_greedy:
         return num_logits >= TRITON_EAGER_MIN_LOGITS_FILTERED
     return num_logits >= (TRITON_EAGER_MIN_LOGITS_LOGPROBS if return_logprobs else TRITON_EAGER_MIN_LOGITS)
 
@@ -336,7 +344,8 @@ def verify(
     eagerly on small calls: the Triton launch costs more host time), and the Triton kernel
     while a CUDA graph is being captured (replayed, it is faster: bench/NOTES.md), for
     calls of many logits (``triton_faster_eagerly``: from 1 Mi logits, 8 Mi with
-    log-probabilities, 2 Mi with top-k or top-p), for a larger vocabulary and on an older GPU.
+    log-probabilities, 2 Mi with top-k or top-p; every all-greedy call without
+    log-probabilities), for a larger vocabulary and on an older GPU.
     """
     device = target_logits.device
     # The default skips the CUDA kernel where it cannot run (vocabulary, GPU) and where
@@ -346,7 +355,8 @@ def verify(
     skip_cuda = target_logits.is_cuda and (
         target_logits.shape[-1] > CUDA_VERIFY_MAX_VOCAB or _cuda_major(device.index) < 9
         or _capturing_cuda_graph()
-        or triton_faster_eagerly(num_logits, top_k is not None or top_p is not None, return_logprobs))
+        or triton_faster_eagerly(num_logits, top_k is not None or top_p is not None, return_logprobs,
+                                 temperature is None))
     chosen = resolve(backend, device, op="verify", missing=(Backend.CUDA,) if skip_cuda and backend is None else ())
     if _should_validate(validate, device):
         _value_checks.validate_sampling_values(  # one op, one device sync

@@ -459,6 +459,10 @@ def test_eager_default_steers_to_triton_by_logits():
     assert specops.ops.triton_faster_eagerly(rows(16, 4) * 128256, False, return_logprobs=True)  # 9.8 Mi: 65 / 46
     assert not specops.ops.triton_faster_eagerly(rows(2, 4) * 128256, filtered=True)  # 1.2 Mi: 134 / 148
     assert specops.ops.triton_faster_eagerly(rows(4, 4) * 128256, filtered=True)  # 2.4 Mi: 189 / 144
+    # all-greedy (temperature=None) without log-probabilities: Triton at every size, top-k/top-p ignored
+    assert specops.ops.triton_faster_eagerly(rows(1, 4) * 32000, filtered=True, all_greedy=True)  # 41 / 32
+    assert not specops.ops.triton_faster_eagerly(rows(1, 4) * 128256, False, return_logprobs=True, all_greedy=True)
+    assert not specops.ops.triton_faster_eagerly(rows(1, 4) * 128256, filtered=True, all_greedy=False)
 
 
 @pytest.mark.gpu
@@ -475,6 +479,25 @@ def test_gpu_eager_default_runs_triton_on_many_logits(chosen_backends):
     assert chosen_backends == [Backend.TRITON, Backend.CUDA, Backend.CUDA]
     for d, c in zip(default, cuda):
         assert torch.equal(d, c)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_eager_default_runs_triton_on_all_greedy_calls(chosen_backends):
+    """An all-greedy call (temperature=None) without log-probabilities runs the Triton kernel
+    eagerly however small (V=32000, 2 requests: 0.05 Mi logits); with log-probabilities, below
+    their threshold, the CUDA kernel. The default's tokens and log-probabilities equal the CUDA
+    kernel's."""
+    inputs = on(make_inputs([4, 2], 32000, seed=9, greedy_fraction=1.0, with_top=True), "cuda")
+    inputs["temperature"] = None
+    default = specops.verify(*inputs.values(), 4, False)
+    with_logprobs = specops.verify(*inputs.values(), 4, True)
+    cuda = specops.verify(*inputs.values(), 4, True, backend="cuda")
+    assert chosen_backends == [Backend.TRITON, Backend.CUDA, Backend.CUDA]
+    for got in default[:2], with_logprobs[:2]:
+        for d, c in zip(got, cuda[:2]):
+            assert torch.equal(d, c)
+    assert torch.equal(with_logprobs[2], cuda[2])
 
 
 @pytest.mark.gpu
