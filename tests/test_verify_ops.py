@@ -485,7 +485,7 @@ def test_gpu_eager_default_runs_triton_on_many_logits(chosen_backends):
 @requires_gpu
 def test_gpu_eager_default_runs_triton_on_all_greedy_calls(chosen_backends):
     """An all-greedy call (temperature=None) without log-probabilities runs the Triton kernel
-    eagerly however small (V=32000, 2 requests: 0.05 Mi logits); with log-probabilities, below
+    eagerly however small (V=32000, 2 requests: 8 rows, 0.24 Mi logits); with log-probabilities, below
     their threshold, the CUDA kernel. The default's tokens and log-probabilities equal the CUDA
     kernel's."""
     inputs = on(make_inputs([4, 2], 32000, seed=9, greedy_fraction=1.0, with_top=True), "cuda")
