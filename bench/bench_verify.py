@@ -19,6 +19,12 @@ Floor (ANCHORS.md): every target and bonus logit row read once, plus one residua
 pair per request (random: target and draft rows; n-gram: the target row; greedy: none):
 4 V (T + B + r B) bytes, r = 2 random, 1 n-gram, 0 greedy, over the copy bandwidth.
 
+``us`` is the eager call's time: every call of a shape (specops and peers) is timed in turn,
+EAGER_ROUNDS rounds of ``--iters`` calls (common.time_in_turns), and ``us`` is the median of
+the rounds' medians, ``us_rounds`` the rounds' own. An eager call at B = 1-16 is bound by the
+host's submission, which drifts within a run: timed one after another, the same call read
+42 µs in one run and 55 in the next, and two backends' order flipped between runs.
+
 specops rows on a GPU also carry ``us_graph``: the same call captured in a CUDA graph and
 replayed (no Python or launch overhead; how an engine runs its step), timed as ANCHORS.md
 times (events around each replay), and ``us_graph_queued``: the same replays with the GPU
@@ -37,6 +43,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import statistics
 
 import torch
 
@@ -54,6 +61,7 @@ from bench_sampling import (
 )
 from specops.reference.verify import verify as reference_verify
 
+EAGER_ROUNDS = 5  # rounds of a shape's eager calls in turn (common.time_in_turns)
 CHECKED_REQUESTS = 4  # requests compared with the reference per shape (the reference is slow)
 # (B, k, V, mode) -> FlashInfer "full" µs on an H100, from ANCHORS.md section 1.
 FLASHINFER_FULL_ANCHOR_US = {
@@ -144,23 +152,16 @@ def graph_time_us(fn, device, iters: int, queued: bool = False) -> float:
 
 def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters, top_k=None, top_p=None) -> list[dict]:
     B, k, V = x.shape
-    rows = []
     mode = x.mode + (f"+topk{top_k}" if top_k else "") + (f"+topp{top_p}" if top_p else "")
+    calls: dict[str, tuple] = {}  # impl -> (call, note), timed together below
 
     def add(impl: str, fn, note: str = "") -> None:
         try:
-            us = common.time_us(fn, device, iters=iters)
+            fn()
         except Exception as error:  # a kernel that is missing or failing: report, go on
             print(f"skipped {impl} B={B} k={k} V={V} {mode}: {type(error).__name__}: {error}")
             return
-        row = {"bench": "verify", "impl": impl, "B": B, "k": k, "V": V, "mode": mode, "us": round(us, 2),
-               "floor_us": round(floor_bytes(B, k, V, x.mode) / copy_bw_tbs / 1e6, 2)}
-        if impl.startswith("specops") and device.type == "cuda":
-            row["us_graph"] = round(graph_time_us(fn, device, iters), 2)
-            row["us_graph_queued"] = round(graph_time_us(fn, device, iters, queued=True), 2)
-            if (clock := common.sm_clock_mhz(device)) is not None:
-                row["sm_clock_mhz"] = clock  # read just after the replays
-        rows.append(row | ({"note": note} if note else {}))
+        calls[impl] = (fn, note)
 
     args = verify_args(x, device, top_k, top_p)
     small = first_requests(args, min(B, CHECKED_REQUESTS), k)
@@ -186,13 +187,28 @@ def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters, top_k=None,
         if flashinfer is not None:
             add("flashinfer", functools.partial(flashinfer_filtered(flashinfer, top_k, top_p), x),
                 note="softmax + top_k_renorm_probs + top_p_renorm_probs + chain_speculative_sampling")
-        return rows
-    add("torch-eager", lambda: torch_pipeline(x, full_input(x), *draw(x)))
-    if flashinfer is not None and x.mode != "greedy":
-        add("flashinfer", functools.partial(flashinfer_pipeline(flashinfer, from_logits=True), x),
-            note="softmax + chain_speculative_sampling; own RNG, not checked")
-        add("flashinfer-kern", functools.partial(flashinfer_pipeline(flashinfer, from_logits=False), x),
-            note="chain_speculative_sampling from ready probs; own RNG, not checked")
+    else:
+        add("torch-eager", lambda: torch_pipeline(x, full_input(x), *draw(x)))
+        if flashinfer is not None and x.mode != "greedy":
+            add("flashinfer", functools.partial(flashinfer_pipeline(flashinfer, from_logits=True), x),
+                note="softmax + chain_speculative_sampling; own RNG, not checked")
+            add("flashinfer-kern", functools.partial(flashinfer_pipeline(flashinfer, from_logits=False), x),
+                note="chain_speculative_sampling from ready probs; own RNG, not checked")
+
+    # The eager calls of the shape in turn, EAGER_ROUNDS rounds (common.time_in_turns): an
+    # eager call at B = 1-16 is bound by its host submission, which drifts within a run.
+    rounds = common.time_in_turns({impl: fn for impl, (fn, _) in calls.items()}, device, EAGER_ROUNDS, iters)
+    rows = []
+    for impl, (fn, note) in calls.items():
+        row = {"bench": "verify", "impl": impl, "B": B, "k": k, "V": V, "mode": mode,
+               "us": round(statistics.median(rounds[impl]), 2), "us_rounds": [round(t, 1) for t in rounds[impl]],
+               "floor_us": round(floor_bytes(B, k, V, x.mode) / copy_bw_tbs / 1e6, 2)}
+        if impl.startswith("specops") and device.type == "cuda":
+            row["us_graph"] = round(graph_time_us(fn, device, iters), 2)
+            row["us_graph_queued"] = round(graph_time_us(fn, device, iters, queued=True), 2)
+            if (clock := common.sm_clock_mhz(device)) is not None:
+                row["sm_clock_mhz"] = clock  # read just after the replays
+        rows.append(row | ({"note": note} if note else {}))
     return rows
 
 

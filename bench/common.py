@@ -54,6 +54,20 @@ def time_us(fn: Callable[[], object], device: torch.device, warmup: int = 10, it
     return statistics.median(start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends))
 
 
+def time_in_turns(fns: dict[str, Callable[[], object]], device: torch.device, rounds: int = 5,
+                  iters: int = 50) -> dict[str, list[float]]:
+    """Each call's median time (time_us, ``iters`` calls) in each of ``rounds`` rounds, every
+    call timed once a round, in turn: for calls bound by the host's submission, whose times
+    drift over a process's life (the same eager call 42 µs in one bench run, 55 in the next),
+    the calls compared are timed under the same drift. Returns the rounds' medians a call;
+    report their median (statistics.median)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(time_us(fn, device, iters=iters))
+    return times
+
+
 def sm_clock_mhz(device: torch.device) -> int | None:
     """The GPU's SM clock now, in MHz (NVML, through torch.cuda.clock_rate); None off a GPU
     or without NVML. Launch-bound rows slow down when it drops (a B = 1 verify rejected at

@@ -51,10 +51,7 @@ def main() -> None:
         relative = ((cuda_out - triton_out).norm() / triton_out.norm()).item()
         if not relative < 1e-2:
             raise AssertionError(f"{shape}: the CUDA and Triton outputs differ (relative {relative:.1e})")
-        times = {backend: [] for backend in calls}
-        for _ in range(ROUNDS):
-            for backend, fn in calls.items():
-                times[backend].append(common.time_us(fn, device, iters=args.iters))
+        times = common.time_in_turns(calls, device, ROUNDS, args.iters)
         floor_us = floor_bytes(*shape, element_size=2) / env["copy_bw_tbs"] / 1e6
         key = {"bench": "attention_eager", "B": B, "L": L, "q_len": q_len, "Hq": Hq, "Hkv": Hkv, "D": D,
                "block": 16, "dtype": "bf16"}

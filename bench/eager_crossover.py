@@ -55,10 +55,7 @@ def main() -> None:
                  for backend in ("cuda", "triton")}
         if not torch.equal(calls["cuda"]()[0], calls["triton"]()[0]):
             raise AssertionError(f"B={B}: the CUDA and Triton tokens differ")
-        times = {backend: [] for backend in calls}
-        for _ in range(ROUNDS):
-            for backend, fn in calls.items():
-                times[backend].append(common.time_us(fn, device, iters=args.iters))
+        times = common.time_in_turns(calls, device, ROUNDS, args.iters)
         row = {"B": B, "k": k, "V": V, "logits_mi": round(B * (k + 1) * V / 2**20, 2),
                "filtered": top_k is not None, "logprobs": logprobs, "mode": mode,
                **{f"{backend}_us": round(statistics.median(ts), 1) for backend, ts in times.items()},
