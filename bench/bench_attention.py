@@ -14,8 +14,7 @@ Rows (impl):
                      BatchPrefillWithPagedKVCacheWrapper, causal=True.
   torch-eager        gather K/V through the block table, then SDPA (GQA, causal mask).
 Stages: "eager" times each call as issued from Python (launch overheads included, as a
-serving loop without graphs sees them), the shape's calls in turn over ROUNDS rounds
-(common.time_in_turns), "us" the median of the rounds' medians and "us_rounds" those; "cuda-graph" times replays of a CUDA graph of the
+serving loop without graphs sees them); "cuda-graph" times replays of a CUDA graph of the
 same call (kernel time; skipped for an impl whose call cannot be captured), CUDA events
 around each replay as ANCHORS.md times them; a "cuda-graph" row also carries
 "us_graph_queued", the same replays with the GPU queue kept ahead of the host
@@ -39,7 +38,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import time
 
 import common
@@ -51,7 +49,6 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 CPU_DTYPE = torch.float16  # the interpreter's bfloat16 dot is not faithful
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-ROUNDS = 5  # rounds of a shape's eager calls in turn (common.time_in_turns)
 SETTLE_SECONDS = 0.5  # untimed calls after each shape's reference (see Runner.bench_shape)
 MAX_RELATIVE_ERROR = 1e-2  # bf16 (the tests' tolerance; fp16's is tighter)
 # (B, L, q_len) -> FlashInfer µs on an H100 (ANCHORS.md section 2).
@@ -172,101 +169,86 @@ def graph_replay(fn):
 
 
 class Runner:
-    """Checks each impl's output once per shape, then times the shape's eager calls in turn
-    (common.time_in_turns) and each one's graph replays."""
+    """Checks each impl's output once per shape, then times it eagerly and as graph replays."""
 
     def __init__(self, device: torch.device, copy_bw_tbs: float, iters: int):
         self.device, self.copy_bw_tbs, self.iters = device, copy_bw_tbs, iters
         self.rows: list[dict] = []
 
-    def check(self, x: Batch, impl: str, fn, want: torch.Tensor, note: str = "") -> dict | None:
-        """One call of ``fn`` against the float32 result: {impl, fn, note, max_err}, or None
-        (reported) where the call fails."""
+    def measure(self, x: Batch, impl: str, fn, want: torch.Tensor, note: str = "") -> None:
         B, L, q_len = x.shape
+        label = f"{impl} B={B} L={L} q_len={q_len}"
         try:
             got = fn()
+            got = got[0] if isinstance(got, tuple) else got
+            diff = (got.float() - want).abs()
+            max_err = diff.max().item()
+            relative = (diff.norm() / want.norm()).item()
+            if not relative < MAX_RELATIVE_ERROR:
+                print(f"*** MISMATCH: {label}: relative error {relative:.2e} against the float32 eager result")
+                note = f"output differs (relative error {relative:.1e}); " + note
+            timings = {"eager": common.time_us(fn, self.device, iters=self.iters)}
         except Exception as error:  # noqa: BLE001 -- a missing or failing kernel: report, go on
-            print(f"skipped {impl} B={B} L={L} q_len={q_len}: {type(error).__name__}: {error}")
-            return None
-        got = got[0] if isinstance(got, tuple) else got
-        diff = (got.float() - want).abs()
-        relative = (diff.norm() / want.norm()).item()
-        if not relative < MAX_RELATIVE_ERROR:
-            print(f"*** MISMATCH: {impl} B={B} L={L} q_len={q_len}: relative error {relative:.2e} "
-                  "against the float32 eager result")
-            note = f"output differs (relative error {relative:.1e}); " + note
-        return {"impl": impl, "fn": fn, "note": note, "max_err": diff.max().item()}
-
-    def time_calls(self, x: Batch, calls: list[dict]) -> None:
-        """The eager calls in turn, ROUNDS rounds (an eager call at small B is bound by its host
-        submission, which drifts within a run), then each call's CUDA-graph replays."""
-        B, L, q_len = x.shape
-        rounds = common.time_in_turns({str(i): call["fn"] for i, call in enumerate(calls)}, self.device,
-                                      ROUNDS, self.iters)
+            print(f"skipped {label}: {type(error).__name__}: {error}")
+            return
+        queued_us = clock = None
+        if self.device.type == "cuda":
+            try:
+                replay = graph_replay(fn)
+                timings["cuda-graph"] = common.time_us(replay, self.device, iters=self.iters)
+                queued_us = common.time_us(replay, self.device, iters=self.iters, queued=True)
+                clock = common.sm_clock_mhz(self.device)  # read just after the replays
+            except Exception as error:  # noqa: BLE001 -- an uncapturable call keeps its eager row
+                torch.cuda.synchronize()
+                print(f"no CUDA graph for {label}: {type(error).__name__}: {error}")
         floor_us = x.floor_bytes() / self.copy_bw_tbs / 1e6
-        for i, call in enumerate(calls):
-            timings = {"eager": statistics.median(rounds[str(i)])}
-            queued_us = clock = None
-            if self.device.type == "cuda":
-                try:
-                    replay = graph_replay(call["fn"])
-                    timings["cuda-graph"] = common.time_us(replay, self.device, iters=self.iters)
-                    queued_us = common.time_us(replay, self.device, iters=self.iters, queued=True)
-                    clock = common.sm_clock_mhz(self.device)  # read just after the replays
-                except Exception as error:  # noqa: BLE001 -- an uncapturable call keeps its eager row
-                    torch.cuda.synchronize()
-                    print(f"no CUDA graph for {call['impl']} B={B} L={L} q_len={q_len}: "
-                          f"{type(error).__name__}: {error}")
-            for stage, us in timings.items():
-                row = {"bench": "attention", "stage": stage, "impl": call["impl"], "B": B, "L": L, "q_len": q_len,
-                       "Hq": NUM_HEADS, "Hkv": NUM_KV_HEADS, "D": HEAD_DIM, "block": BLOCK_SIZE,
-                       "dtype": DTYPE_NAMES[x.dtype], "us": round(us, 2), "floor_us": round(floor_us, 2),
-                       "gbps": round(x.floor_bytes() / us / 1e3, 1),
-                       "pct_copy_bw": round(100 * floor_us / us, 1), "max_err": float(f"{call['max_err']:.3g}")}
-                if stage == "eager":
-                    row["us_rounds"] = [round(t, 1) for t in rounds[str(i)]]
-                if stage == "cuda-graph" and queued_us is not None:
-                    row["us_graph_queued"] = round(queued_us, 2)
-                    if clock is not None:
-                        row["sm_clock_mhz"] = clock
-                self.rows.append(row | ({"note": call["note"].strip("; ")} if call["note"] else {}))
+        for stage, us in timings.items():
+            row = {"bench": "attention", "stage": stage, "impl": impl, "B": B, "L": L, "q_len": q_len,
+                   "Hq": NUM_HEADS, "Hkv": NUM_KV_HEADS, "D": HEAD_DIM, "block": BLOCK_SIZE, "dtype": DTYPE_NAMES[x.dtype],
+                   "us": round(us, 2), "floor_us": round(floor_us, 2),
+                   "gbps": round(x.floor_bytes() / us / 1e3, 1),
+                   "pct_copy_bw": round(100 * floor_us / us, 1), "max_err": float(f"{max_err:.3g}")}
+            if stage == "cuda-graph" and queued_us is not None:
+                row["us_graph_queued"] = round(queued_us, 2)
+                if clock is not None:
+                    row["sm_clock_mhz"] = clock
+            self.rows.append(row | ({"note": note.strip("; ")} if note else {}))
 
     def bench_shape(self, x: Batch, backends: list[str], flashinfer, decode_paths: tuple[str, ...]) -> None:
         want = torch_eager(x, torch.float32).float()
-        calls = []
+        settled = False
         for backend in backends:
             fn = functools.partial(specops.paged_attention, *x.specops_args(), backend=backend, validate=False,
                                    max_query_len=x.shape[2])  # an engine knows k + 1
-            calls.append(self.check(x, f"specops-{backend}", fn, want))
-        calls.append(self.check(x, "torch-eager", functools.partial(torch_eager, x), want))
-        if flashinfer is not None:
-            try:
-                paths = flashinfer_calls(flashinfer, x, decode_paths)
-            except Exception as error:  # noqa: BLE001 -- FlashInfer failing to plan: no rows
-                print(f"skipped flashinfer B={x.shape[0]} L={x.shape[1]} q_len={x.shape[2]}: "
-                      f"{type(error).__name__}: {error}")
-                paths = {}
-            calls += [self.check(x, "flashinfer", fn, want, note=path) for path, fn in paths.items()]
-        calls = [call for call in calls if call is not None]
-        del want
-        if self.device.type == "cuda" and calls:
-            # After the float32 reference (GBs allocated and freed), the next timing series
-            # of the Triton kernel ran 1.15-1.2x slow at L = 4096 shapes (whichever of eager
-            # or graph came first; H100, bench/NOTES.md): run untimed until that passes.
-            torch.cuda.empty_cache()
-            deadline = time.perf_counter() + SETTLE_SECONDS
-            while time.perf_counter() < deadline:
-                calls[0]["fn"]()
-                torch.cuda.synchronize()
-        before = len(self.rows)
-        self.time_calls(x, calls)
+            if not settled and self.device.type == "cuda":
+                # After the float32 reference (GBs allocated and freed), the next timing series
+                # of the Triton kernel ran 1.15-1.2x slow at L = 4096 shapes (whichever of eager
+                # or graph came first; H100, bench/NOTES.md): run untimed until that passes.
+                torch.cuda.empty_cache()
+                deadline = time.perf_counter() + SETTLE_SECONDS
+                while time.perf_counter() < deadline:
+                    fn()
+                    torch.cuda.synchronize()
+                settled = True
+            self.measure(x, f"specops-{backend}", fn, want)
+        self.measure(x, "torch-eager", functools.partial(torch_eager, x), want)
+        if flashinfer is None:
+            return
+        try:
+            calls = flashinfer_calls(flashinfer, x, decode_paths)
+        except Exception as error:  # noqa: BLE001 -- FlashInfer failing to plan: no rows
+            print(f"skipped flashinfer B={x.shape[0]} L={x.shape[1]} q_len={x.shape[2]}: "
+                  f"{type(error).__name__}: {error}")
+            return
         # One "flashinfer" row per stage: the fastest path (ANCHORS.md: best of decode paths).
-        ours = [row for row in self.rows[before:] if row["impl"] != "flashinfer"]
+        before = len(self.rows)
+        for path, fn in calls.items():
+            self.measure(x, "flashinfer", fn, want, note=path)
         best: dict[str, dict] = {}
         for row in self.rows[before:]:
-            if row["impl"] == "flashinfer" and (row["stage"] not in best or row["us"] < best[row["stage"]]["us"]):
+            if row["stage"] not in best or row["us"] < best[row["stage"]]["us"]:
                 best[row["stage"]] = row
-        self.rows[before:] = ours + list(best.values())
+        self.rows[before:] = list(best.values())
 
 
 def print_targets(rows: list[dict]) -> None:
