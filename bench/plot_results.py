@@ -37,13 +37,18 @@ def plot(paths: list[Path], out: Path | None = None) -> Path:
 
     rows = load_rows(paths)
     panels: dict[tuple, list[dict]] = {}
+    # Rows without a stage that carry graph replays (verify's specops rows) get a second panel
+    # of those replays' GPU time (us_graph_queued), the figure an engine's step sees.
+    graphs = [row for row in rows if "stage" not in row and "us_graph_queued" in row]
     for row in rows:
-        panels.setdefault((row["bench"], row.get("stage", "")), []).append(row)
+        panels.setdefault((row["bench"], row.get("stage", "eager" if graphs else "")), []).append(row)
+    for row in graphs:
+        panels.setdefault((row["bench"], "graph replay (queued)"), []).append(row | {"us": row["us_graph_queued"]})
     labels = list(dict.fromkeys(row["label"] for row in rows))
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     most_groups = max(len({shape_of(row) for row in panel}) for panel in panels.values())
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 1.3 * most_groups), 4.6 * len(panels)), squeeze=False)
-    fig.subplots_adjust(hspace=0.55)  # room for the four-line shape labels under each panel
+    fig.subplots_adjust(hspace=0.65)  # room for the shape labels (up to six lines) under each panel
     for ax, ((bench, stage), panel) in zip(axes[:, 0], panels.items()):
         shapes = list(dict.fromkeys(shape_of(row) for row in panel))
         present = [label for label in labels if any(row["label"] == label for row in panel)]
@@ -59,7 +64,8 @@ def plot(paths: list[Path], out: Path | None = None) -> Path:
         ax.set_yscale("log")
         ax.set_ylabel("µs (median)")
         ax.set_title(f"{bench} {stage}".strip())
-        ax.set_xticks(range(len(shapes)), ["\n".join(f"{k}={v}" for k, v in shape) for shape in shapes], fontsize=7)
+        ticks = ["\n".join(f"{k}={v}".replace("+", "+\n") for k, v in shape) for shape in shapes]  # modes: a filter a line
+        ax.set_xticks(range(len(shapes)), ticks, fontsize=7)
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     out = Path(out) if out else Path(paths[0]).with_suffix(".png")
     fig.savefig(out, dpi=120, bbox_inches="tight")
@@ -68,7 +74,12 @@ def plot(paths: list[Path], out: Path | None = None) -> Path:
 
 
 def shape_of(row: dict) -> tuple:
-    return tuple((key, value) for key, value in row.items() if key not in NOT_SHAPE | {"label"})
+    """The row's shape keys (B, k, V, mode; B, L, q_len, ...): its integer and string fields
+    less the measurements (a specops row's us_graph, us_rounds or clock would otherwise make
+    its own group, apart from the peers of its shape)."""
+    return tuple((key, value) for key, value in row.items()
+                 if key not in NOT_SHAPE | {"label", "sm_clock_mhz", "git"} and not key.startswith("us")
+                 and isinstance(value, (str, int)))
 
 
 def main() -> None:
