@@ -171,9 +171,19 @@ def graph_replay(fn):
 class Runner:
     """Checks each impl's output once per shape, then times it eagerly and as graph replays."""
 
-    def __init__(self, device: torch.device, copy_bw_tbs: float, iters: int):
+    def __init__(self, device: torch.device, copy_bw_tbs: float, iters: int, settle_each: bool = False):
         self.device, self.copy_bw_tbs, self.iters = device, copy_bw_tbs, iters
+        self.settle_each = settle_each  # --settle each: every impl's series after its own untimed calls
         self.rows: list[dict] = []
+
+    def settle(self, fn) -> None:
+        """Untimed calls of ``fn`` for SETTLE_SECONDS: the GPU's clocks and power state then are
+        those of this call, not of what ran before (the float32 reference, a peer's heavier
+        calls: 1965 -> 1725 MHz after FlashInfer's prefill and torch's SDPA, bench/NOTES.md)."""
+        deadline = time.perf_counter() + SETTLE_SECONDS
+        while time.perf_counter() < deadline:
+            fn()
+            torch.cuda.synchronize()
 
     def measure(self, x: Batch, impl: str, fn, want: torch.Tensor, note: str = "") -> None:
         B, L, q_len = x.shape
@@ -187,6 +197,8 @@ class Runner:
             if not relative < MAX_RELATIVE_ERROR:
                 print(f"*** MISMATCH: {label}: relative error {relative:.2e} against the float32 eager result")
                 note = f"output differs (relative error {relative:.1e}); " + note
+            if self.settle_each and self.device.type == "cuda":
+                self.settle(fn)
             timings = {"eager": common.time_us(fn, self.device, iters=self.iters)}
         except Exception as error:  # noqa: BLE001 -- a missing or failing kernel: report, go on
             print(f"skipped {label}: {type(error).__name__}: {error}")
@@ -225,10 +237,8 @@ class Runner:
                 # of the Triton kernel ran 1.15-1.2x slow at L = 4096 shapes (whichever of eager
                 # or graph came first; H100, bench/NOTES.md): run untimed until that passes.
                 torch.cuda.empty_cache()
-                deadline = time.perf_counter() + SETTLE_SECONDS
-                while time.perf_counter() < deadline:
-                    fn()
-                    torch.cuda.synchronize()
+                if not self.settle_each:  # (else measure settles every impl)
+                    self.settle(fn)
                 settled = True
             self.measure(x, f"specops-{backend}", fn, want)
         self.measure(x, "torch-eager", functools.partial(torch_eager, x), want)
@@ -283,6 +293,9 @@ def main() -> None:
                         help="FlashInfer decode paths (each compiles on first use); "
                              "default: tensor-cores with --quick, else both")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--settle", choices=["first", "each"], default="first",
+                        help="untimed calls (SETTLE_SECONDS) before the first specops impl of a shape only, "
+                             "or before every impl's series (not yet measured against 'first': bench/NOTES.md)")
     args = parser.parse_args()
     device = torch.device(args.device)
     env = common.env_stamp(device)
@@ -296,7 +309,7 @@ def main() -> None:
     fi_decode = args.fi_decode or ("tensor-cores" if args.quick else "both")
     decode_paths = ("tensor-cores", "cuda-cores") if fi_decode == "both" else (fi_decode,)
     flashinfer = None if args.no_flashinfer or device.type != "cuda" else import_flashinfer()
-    runner = Runner(device, env["copy_bw_tbs"], args.iters)
+    runner = Runner(device, env["copy_bw_tbs"], args.iters, settle_each=args.settle == "each")
     for B, L, q_len in shapes:
         batch = Batch(B, L, q_len, device, DTYPE if device.type == "cuda" else CPU_DTYPE)
         runner.bench_shape(batch, backends, flashinfer, decode_paths)

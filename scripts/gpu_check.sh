@@ -8,7 +8,8 @@
 #   scripts/gpu_check.sh build tests+memcheck bench   # what a full session runs
 #   scripts/gpu_check.sh build ab-search              # the top-k/top-p searches (bench/ab_verify.py)
 #   scripts/gpu_check.sh build plans                  # the plans' GPU tests, then bench/eager_attention.py
-# ATTENTION_QUICK=1 / E2E_QUICK=1 run only the key shapes of those benchmarks.
+# ATTENTION_QUICK=1 / E2E_QUICK=1 run only the key shapes of those benchmarks; ATTENTION_SETTLE=each
+# settles every attention impl on its own calls before its series (bench_attention.py --settle).
 # GPU_RESUME=FILE (an earlier call's test_times.txt) runs only the tests it does not show passed;
 # MEMCHECK_TESTS / MEMCHECK_PARALLEL pick and spread memcheck's tests (see run_memcheck).
 # FlashInfer is installed from .whl/ when present (see bench/README.md); `build` also
@@ -136,7 +137,7 @@ run_stage() {
       ;;
     bench-attention)
       wait_warmup
-      python3 bench/bench_attention.py --out "$RESULTS" ${ATTENTION_QUICK:+--quick} 2>&1 | tee "$LOG/bench_attention.log" | tail -70
+      python3 bench/bench_attention.py --out "$RESULTS" ${ATTENTION_QUICK:+--quick} ${ATTENTION_SETTLE:+--settle "$ATTENTION_SETTLE"} 2>&1 | tee "$LOG/bench_attention.log" | tail -70
       ;;
     bench-e2e)
       python3 bench/bench_e2e.py --out "$RESULTS" ${E2E_QUICK:+--quick} 2>&1 | tee "$LOG/bench_e2e.log" | tail -60
