@@ -1,0 +1,56 @@
+"""The benchmarks' shared pieces that decide what a results file says, on CPU: the calls of a
+shape timed in turn (bench/common.py) and the grouping of rows into shapes for the PNG
+(bench/plot_results.py): a specops row's graph-replay fields once made it a group of its own."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def load_bench(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+common = load_bench("common")
+plot_results = load_bench("plot_results")
+
+
+def test_time_in_turns_times_every_call_once_a_round_in_turn():
+    order = []
+    calls = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "c")}
+    rounds = common.time_in_turns(calls, torch.device("cpu"), rounds=3, iters=2)
+    assert list(rounds) == ["a", "b", "c"] and all(len(times) == 3 for times in rounds.values())
+    assert all(t >= 0 for times in rounds.values() for t in times)
+    # each series is time_us's warm-up and timed calls of one call; the series alternate
+    series = [order[i] for i in range(0, len(order), 12)]
+    assert len(order) == 3 * 3 * 12 and series == ["a", "b", "c"] * 3
+    assert all(len(set(order[i:i + 12])) == 1 for i in range(0, len(order), 12))
+
+
+def test_a_rows_measurements_do_not_make_its_own_shape():
+    peer = {"bench": "verify", "impl": "flashinfer", "B": 64, "k": 4, "V": 128256, "mode": "random",
+            "us": 263.0, "floor_us": 54.4, "note": "softmax + chain_speculative_sampling"}
+    ours = {"bench": "verify", "impl": "specops-triton", "B": 64, "k": 4, "V": 128256, "mode": "random",
+            "us": 69.7, "us_rounds": [69.1, 78.7, 69.7], "floor_us": 54.4, "us_graph": 67.7,
+            "us_graph_queued": 67.4, "sm_clock_mhz": 1980, "label": "specops-triton"}
+    shape = plot_results.shape_of(ours)
+    assert shape == plot_results.shape_of(peer) == (("B", 64), ("k", 4), ("V", 128256), ("mode", "random"))
+    assert plot_results.shape_of(ours | {"B": 16}) != shape
+    attention = {"bench": "attention", "stage": "cuda-graph", "impl": "specops-cuda", "B": 1, "L": 4096, "q_len": 5,
+                 "Hq": 32, "Hkv": 8, "D": 128, "block": 16, "dtype": "bf16", "us": 17.7, "us_graph_queued": 17.6,
+                 "gbps": 1.0, "pct_copy_bw": 20.0, "max_err": 0.002, "sm_clock_mhz": 1980}
+    assert [key for key, _ in plot_results.shape_of(attention)] == ["B", "L", "q_len", "Hq", "Hkv", "D", "block",
+                                                                      "dtype"]
