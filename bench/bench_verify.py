@@ -20,7 +20,7 @@ pair per request (random: target and draft rows; n-gram: the target row; greedy:
 4 V (T + B + r B) bytes, r = 2 random, 1 n-gram, 0 greedy, over the copy bandwidth.
 
 ``us`` is the eager call's time: every call of a shape (specops and peers) is timed in turn,
-EAGER_ROUNDS rounds of ``--iters`` calls (common.time_in_turns), and ``us`` is the median of
+``--rounds`` (EAGER_ROUNDS) rounds of ``--iters`` calls (common.time_in_turns), and ``us`` is the median of
 the rounds' medians, ``us_rounds`` the rounds' own. An eager call at B = 1-16 is bound by the
 host's submission, which drifts within a run: timed one after another, the same call read
 42 µs in one run and 55 in the next, and two backends' order flipped between runs.
@@ -150,7 +150,8 @@ def graph_time_us(fn, device, iters: int, queued: bool = False) -> float:
     return common.time_us(graph.replay, device, iters=iters, queued=queued)
 
 
-def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters, top_k=None, top_p=None) -> list[dict]:
+def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters, top_k=None, top_p=None,
+                rounds=EAGER_ROUNDS) -> list[dict]:
     B, k, V = x.shape
     mode = x.mode + (f"+topk{top_k}" if top_k else "") + (f"+topp{top_p}" if top_p else "")
     calls: dict[str, tuple] = {}  # impl -> (call, note), timed together below
@@ -195,13 +196,13 @@ def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters, top_k=None,
             add("flashinfer-kern", functools.partial(flashinfer_pipeline(flashinfer, from_logits=False), x),
                 note="chain_speculative_sampling from ready probs; own RNG, not checked")
 
-    # The eager calls of the shape in turn, EAGER_ROUNDS rounds (common.time_in_turns): an
+    # The eager calls of the shape in turn, `rounds` rounds (common.time_in_turns): an
     # eager call at B = 1-16 is bound by its host submission, which drifts within a run.
-    rounds = common.time_in_turns({impl: fn for impl, (fn, _) in calls.items()}, device, EAGER_ROUNDS, iters)
+    times = common.time_in_turns({impl: fn for impl, (fn, _) in calls.items()}, device, rounds, iters)
     rows = []
     for impl, (fn, note) in calls.items():
         row = {"bench": "verify", "impl": impl, "B": B, "k": k, "V": V, "mode": mode,
-               "us": round(statistics.median(rounds[impl]), 2), "us_rounds": [round(t, 1) for t in rounds[impl]],
+               "us": round(statistics.median(times[impl]), 2), "us_rounds": [round(t, 1) for t in times[impl]],
                "floor_us": round(floor_bytes(B, k, V, x.mode) / copy_bw_tbs / 1e6, 2)}
         if impl.startswith("specops") and device.type == "cuda":
             row["us_graph"] = round(graph_time_us(fn, device, iters), 2)
@@ -219,6 +220,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(common.REPO_ROOT / "bench" / "results"))
     parser.add_argument("--no-flashinfer", action="store_true")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=EAGER_ROUNDS, help="rounds of the eager calls in turn (1 for smoke runs)")
     parser.add_argument("--backends", default=None, help="comma-separated specops backends (default: all here)")
     parser.add_argument("--only-filtered", action="store_true", help="only the top-k / top-p shapes")
     args = parser.parse_args()
@@ -239,7 +241,7 @@ def main() -> None:
     shapes += QUICK_FILTERED_SHAPES if args.quick else FILTERED_SHAPES
     for B, k, V, mode, top_k, top_p in shapes:
         x = make_inputs(B, k, V, mode, device, flashinfer is not None)
-        rows += bench_shape(x, device, backends, flashinfer, env["copy_bw_tbs"], args.iters, top_k, top_p)
+        rows += bench_shape(x, device, backends, flashinfer, env["copy_bw_tbs"], args.iters, top_k, top_p, args.rounds)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print()
