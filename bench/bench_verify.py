@@ -220,7 +220,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(common.REPO_ROOT / "bench" / "results"))
     parser.add_argument("--no-flashinfer", action="store_true")
     parser.add_argument("--iters", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=EAGER_ROUNDS, help="rounds of the eager calls in turn (1 for smoke runs)")
+    parser.add_argument("--rounds", type=int, default=EAGER_ROUNDS,
+                        help="rounds of the eager calls in turn (1 for smoke runs)")
     parser.add_argument("--backends", default=None, help="comma-separated specops backends (default: all here)")
     parser.add_argument("--only-filtered", action="store_true", help="only the top-k / top-p shapes")
     args = parser.parse_args()

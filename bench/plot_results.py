@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 
 # Keys that are measurements or labels, not part of a row's shape.
-NOT_SHAPE = {"bench", "stage", "impl", "us", "us_eager", "floor_us", "gbps", "pct_copy_bw", "max_err", "note"}
+# Fields that are not a shape key besides the times (us, us_*: shape_of drops every one) and
+# the float fields (a shape key is an integer or a string).
+NOT_SHAPE = {"bench", "stage", "impl", "note", "label", "sm_clock_mhz", "git"}
 
 
 def load_rows(paths: list[Path]) -> list[dict]:
@@ -64,7 +66,8 @@ def plot(paths: list[Path], out: Path | None = None) -> Path:
         ax.set_yscale("log")
         ax.set_ylabel("µs (median)")
         ax.set_title(f"{bench} {stage}".strip())
-        ticks = ["\n".join(f"{k}={v}".replace("+", "+\n") for k, v in shape) for shape in shapes]  # modes: a filter a line
+        # one field a line, a filtered mode broken after each "+"
+        ticks = ["\n".join(f"{k}={v}".replace("+", "+\n") for k, v in shape) for shape in shapes]
         ax.set_xticks(range(len(shapes)), ticks, fontsize=7)
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     out = Path(out) if out else Path(paths[0]).with_suffix(".png")
@@ -78,7 +81,7 @@ def shape_of(row: dict) -> tuple:
     less the measurements (a specops row's us_graph, us_rounds or clock would otherwise make
     its own group, apart from the peers of its shape)."""
     return tuple((key, value) for key, value in row.items()
-                 if key not in NOT_SHAPE | {"label", "sm_clock_mhz", "git"} and not key.startswith("us")
+                 if key not in NOT_SHAPE and not key.startswith("us")
                  and isinstance(value, (str, int)))
 
 
