@@ -23,17 +23,23 @@ from specops.triton_kernels.verify_unscreened import row_counters
 DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else [])
 
 
+UNWRITTEN = -1  # a normaliser partial no pass writes (they are sums of masses >= 0)
+
+
 @pytest.fixture
 def verdicts_seen(triton_verify, monkeypatch):
-    """The verdicts each call's normaliser launch reads (the max pass wrote them); a screen
-    launch fails the test."""
+    """(verdicts, partials) of each call's normaliser launch: the verdicts it reads (the max
+    pass wrote them) and the partials it wrote, poisoned with UNWRITTEN before it runs (the
+    decisions read those of the steps they test: a step not summed poisons its test); a
+    screen launch fails the test."""
     seen = []
 
     class Recorded:
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
                 if kwargs.get("VERDICTS"):
-                    seen.append(args[3])
+                    args[0].fill_(UNWRITTEN)
+                    seen.append((args[3], args[0]))
                 return FIXED_SUM_KERNEL[grid](*args, **kwargs)
 
             return launch
@@ -57,17 +63,7 @@ def boundary_inputs(vocab, seed, ngram):
     drafts[7] = int(target[7].argmax())  # request 2's first step passes
     t_of = lambda b, i: (0, 3, 7, 9)[b] + i  # noqa: E731
     for b, i, factor in ((0, 0, 1 - 4e-6), (1, 0, 1 + 4e-6)):
-        t, x = t_of(b, i), int(drafts[t_of(b, i)])
-        p_x = processed_probs(target[t], float(inputs["temperature"][b]), 0, 1.0)[x]
-        u = accept_uniform(int(inputs["seeds"][b]), int(inputs["positions"][b]) + i)
-        if ngram:  # q(x) = 1: the logit moves instead, p(x) = u (1 -+ 4e-6)
-            target[t] = torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * 0.01
-            target[t, x] = 0.0
-            rest = torch.logsumexp(torch.cat([target[t, :x], target[t, x + 1:]]) / float(inputs["temperature"][b]), 0)
-            want = u / factor
-            target[t, x] = float(inputs["temperature"][b]) * (torch.log(torch.tensor(want / (1 - want))) + rest)
-        else:
-            inputs["draft_probs"][t, x] = p_x / u * factor
+        place_test(inputs, b, i, t_of(b, i), factor, seed)
     if not ngram:
         inputs["draft_probs"][t_of(1, 1), int(drafts[t_of(1, 1)])] = 0.0
         # p(x) = 0 (its weight 2^-126.5 relative to the max rounds to 0), q(x) = 2^-128: an
@@ -81,6 +77,25 @@ def boundary_inputs(vocab, seed, ngram):
     far = t_of(3, 1)
     target[far, int(drafts[far])] = target[far].max() - 200 * float(inputs["temperature"][3])
     return inputs
+
+
+def place_test(inputs, b, i, t, ratio, seed):
+    """Step i of request b (target row t) given the acceptance ratio u q(x) / p(x) = ratio:
+    with draft probs by q(x), n-gram (q(x) = 1) by moving the row's logits (p(x) = u / ratio,
+    below 1). ratio None: a sure pass (0.5; n-gram p(x) = (1 + u) / 2)."""
+    target, x = inputs["target_logits"], int(inputs["draft_token_ids"][t])
+    temperature = float(inputs["temperature"][b])
+    u = accept_uniform(int(inputs["seeds"][b]), int(inputs["positions"][b]) + i)
+    if ratio is None:
+        ratio = 0.5 if inputs["draft_probs"] is not None else 2 * u / (1 + u)
+    if inputs["draft_probs"] is None:
+        target[t] = torch.randn(target.shape[1], generator=torch.Generator().manual_seed(seed)) * 0.01
+        target[t, x] = 0.0
+        rest = torch.logsumexp(torch.cat([target[t, :x], target[t, x + 1:]]) / temperature, 0)
+        want = u / ratio
+        target[t, x] = temperature * (torch.log(torch.tensor(want / (1 - want))) + rest)
+    else:
+        inputs["draft_probs"][t, x] = processed_probs(target[t], temperature, 0, 1.0)[x] / u * ratio
 
 
 def expected_verdicts(inputs, width):
@@ -118,7 +133,7 @@ def test_verdicts_are_exact_where_settled(device, ngram, verdicts_seen):
         expected = reference_verify(**inputs, max_spec_len=4)
         got = triton_tokens(inputs, device, 4, validate=False)
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), seed
-        verdicts = verdicts_seen[-1].cpu()
+        verdicts = verdicts_seen[-1][0].cpu()
         for slot, (passed, settles) in expected_verdicts(inputs, 5).items():
             verdict = int(verdicts[slot])
             assert verdict in (PASSES.value, FAILS.value, UNSETTLED.value), (slot, verdict)
@@ -127,6 +142,41 @@ def test_verdicts_are_exact_where_settled(device, ngram, verdicts_seen):
             kinds.add(verdict)
     assert kinds == {PASSES.value, FAILS.value, UNSETTLED.value}, kinds  # every verdict occurs
     assert not row_counters(torch.device(device), 1).any().item()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
+def test_the_normaliser_sums_only_the_steps_the_decisions_test(device, ngram, verdicts_seen):
+    """After an unsettled test the steps that surely pass need no normaliser: the launch
+    sums the unsettled steps and the one that samples (the first sure failure after, or the
+    bonus step), and the decisions take the passes from their verdicts (an unsummed step's
+    partials stay poisoned; reading them would change the tokens)."""
+    P, F, U = PASSES.value, FAILS.value, UNSETTLED.value
+    # Per request: each step's verdict (a ratio far from 1, or 4e-6 from it: unsettled), and
+    # the slots summed. Request 1 samples at its step 0 (an exact failure) and request 3 at
+    # its step 3, their bonus steps summed all the same (no sure failure after the first).
+    plan = [((U, 1 - 4e-6), (P, None), (P, None), (F, 8.0)),
+            ((U, 1 + 4e-6), (P, None), (P, None), (P, None)),
+            ((P, None), (U, 1 + 4e-6), (F, 8.0)),
+            ((P, None), (U, 1 - 4e-6), (P, None), (U, 1 + 4e-6))]
+    summed = [{0, 3}, {0, 4}, {1, 2}, {1, 3, 4}]
+    width = 5
+    inputs = make_inputs([len(steps) for steps in plan], 9000, seed=7, greedy_fraction=0.0, ngram=ngram,
+                         with_top=False)
+    t = 0
+    for b, steps in enumerate(plan):
+        for i, (_verdict, ratio) in enumerate(steps):
+            place_test(inputs, b, i, t, ratio, seed=100 + t)
+            t += 1
+    expected = reference_verify(**inputs, max_spec_len=width - 1)
+    got = triton_tokens(inputs, device, width - 1, validate=False)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    verdicts, partials = (tensor.cpu() for tensor in verdicts_seen[-1])
+    written = (partials != UNWRITTEN).all(1).view(-1, width)
+    assert ((partials == UNWRITTEN).all(1) | (partials != UNWRITTEN).all(1)).all()  # a slot's splits together
+    for b, steps in enumerate(plan):
+        assert [int(v) for v in verdicts[b * width: b * width + len(steps)]] == [v for v, _ in steps], b
+        assert {i for i in range(width) if written[b, i]} == summed[b], b
 
 
 @pytest.mark.parametrize("device", DEVICES)

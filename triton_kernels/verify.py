@@ -21,9 +21,10 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
    every reachable step is then summed in 4 and tested exactly in 6, and on a GPU 1 and 4
    are one launch (verify_unscreened.py: a program a block, waiting for its row's max;
    the last of a row's programs tests its step exactly, and 6 starts at the first failure);
-4. exact fixed-point normaliser z1, grid (B * S,): the marked steps of each request (or
-   the steps the verdicts of 1 leave, marked the same way)
-   (always a range, usually one step) in turn; with top-k, top-p or log-probabilities
+4. exact fixed-point normaliser z1, grid (B * S,): the marked steps of each request (a
+   range, usually one step), or those the verdicts of 1 leave the decisions (the first
+   that did not pass, the unsettled ones after it and the step that samples; the steps
+   that surely pass between need none), in turn; with top-k, top-p or log-probabilities
    (every step marked) grid (width * B * S,), a step each; with top-k (seeded rows, top_k
    <= TOP_K_MARKS_MAX_K) only the blocks top-k's round 0 marked (a logit >= its low end);
 5. top-p search and normaliser z2 (only with top_p given): 8 rounds + 1, top-p rows;
@@ -31,7 +32,7 @@ Launches, in order (B requests, S vocab splits, width = max_spec_len + 1, a slot
    and for top_k <= TOP_P_FINISH_KEYS one launch after round 0 finds the threshold from
    the keys round 0 kept (verify_search_finish.py): the later rounds exit at once;
 6. decisions, grid (B,): the remaining acceptance tests, exactly, from the screen's stop
-   (or the first step whose verdict is not a pass);
+   (or the first step whose verdict is not a pass, a later pass taken from its verdict);
    a bonus row or n-gram rejection draws its token here, by inversion over the normaliser's
    block sums, then inside one block (verify_sample.py); a rejection with draft probs tries
    its residual proposals here (draws from the same block sums, each kept with

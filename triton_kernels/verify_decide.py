@@ -137,12 +137,18 @@ def decide_kernel(
         at = steps == i
         token = tl.zeros([], tl.int32)
         log_p = tl.zeros([], tl.float32)
+        draft = tl.sum(tl.where(at, step_drafts, 0), axis=0)
+        # VERDICTS: a draft step after the first that did not pass whose verdict is a pass
+        # passes (the verdicts are exact) and has no normaliser (fixed_sum_kernel sums the
+        # steps the walk tests, not those); no log-probabilities with VERDICTS.
+        surely = tl.zeros([], tl.int1)
+        if VERDICTS:
+            surely = tl.sum((at & (verdicts == PASSES)).to(tl.int32), axis=0) > 0
         # Each branch issues the step's loads before any reduction: a reduction's barriers
         # would hold back the loads after it (one L2 round trip each).
         if greedy:
             max_logit, token = row_max_argmax(part_max_ptr, part_arg_ptr, slot, num_splits, BLOCK_S)
             no_finite = max_logit == float("-inf")
-            draft = tl.sum(tl.where(at, step_drafts, 0), axis=0)
             if RETURN_LOGPROBS:
                 z1 = row_fixed_sum(part_sum_ptr, slot, sum_splits, BLOCK_S)
                 z_t = load_logits(row_ptr, token + tl.arange(0, 1), token + tl.arange(0, 1) < vocab)
@@ -150,6 +156,8 @@ def decide_kernel(
                 log_p = tl.where(no_finite, 0.0, tl.sum(log_prob(p_t), axis=0))
             done = (is_bonus | (draft != token)).to(tl.int32)
             accepted = tl.where(done != 0, i, accepted)
+        elif surely:
+            token = draft.to(tl.int32)
         else:
             # The step's block sums (fixed_sum_kernel's; garbage, never used, at a step that
             # passes), loaded before the acceptance test: a rejection's draw does not wait.
@@ -164,7 +172,6 @@ def decide_kernel(
                 max_logit, z1, mass_total = row_max_fixed_sum(part_max_ptr, part_sum_ptr, slot, num_splits,
                                                               sum_splits, BLOCK_S)
             no_finite = max_logit == float("-inf")
-            draft = tl.sum(tl.where(at, step_drafts, 0), axis=0)
             in_vocab = tl.sum((at & step_in_vocab).to(tl.int32), axis=0) > 0
             kth = tl.full([], float("-inf"), tl.float32)
             if HAS_TOP_K:

@@ -282,8 +282,9 @@ def row_max_kernel(
 
 # Grid (step_programs * batch * sum_splits,), split fastest, then request, then j: program
 # (j, b, s) takes the j-th, (j + step_programs)-th, ... of the steps the screen marked in
-# request b (marked[b] = (first step, number of steps); without MARKED every reachable
-# step, no screen having run) and adds floor(w_v 2^40) over split s of its row (int64,
+# request b (marked[b] = (first step, number of steps); VERDICTS: those the max pass's
+# verdicts leave the decisions, not always a range; else every reachable step, no screen
+# having run) and adds floor(w_v 2^40) over split s of its row (int64,
 # exact), w = exp((z - max) / T) after top-k (SECOND: also top-p, p = w / z1 >= p_min).
 # Greedy slots sum at T = 1 (log-probabilities). The launcher gives step_programs = 1 when
 # usually one step a request is marked (no idle programs), the width when every step is.
@@ -347,20 +348,30 @@ def fixed_sum_kernel(
         first = tl.load(marked_ptr + b * 2)
         count = tl.load(marked_ptr + b * 2 + 1)
     elif VERDICTS:
-        # As the screen marks: the first step that does not surely pass (the bonus step when
-        # all do), and after an unsettled one every later step too; greedy requests none.
+        # The steps whose normaliser the decisions read (verify_decide.py): from the first
+        # step that does not surely pass to the first that surely fails after it (the bonus
+        # step when none does), those whose verdict is not a pass: the unsettled tests and
+        # the step that samples. A step that surely passes needs none, also after an
+        # unsettled one (marking every later step there cost the request's programs a row
+        # each: H200, B=256, 215 -> 258 µs on 2 of 8 draws; bench/NOTES.md). Greedy: none.
         steps = tl.arange(0, BLOCK_W)
-        verdicts = tl.load(verdict_ptr + b * width + steps, mask=steps < num_drafts, other=PASSES)
-        first = tl.min(tl.where((steps < num_drafts) & (verdicts != PASSES), steps, num_drafts), axis=0).to(tl.int32)
-        unsettled = tl.sum(((steps == first) & (verdicts == UNSETTLED)).to(tl.int32), axis=0) > 0
-        count = tl.where(greedy, 0, tl.where(unsettled, num_drafts + 1 - first, 1)).to(tl.int32)
+        drafted = steps < num_drafts
+        verdicts = tl.load(verdict_ptr + b * width + steps, mask=drafted, other=PASSES)
+        first = tl.min(tl.where(drafted & (verdicts != PASSES), steps, num_drafts), axis=0)
+        last = tl.min(tl.where(drafted & (steps >= first) & (verdicts == FAILS), steps, num_drafts), axis=0)
+        need = (steps >= first) & (steps <= last) & ((verdicts != PASSES) | (steps == num_drafts))
+        rank = tl.cumsum(need.to(tl.int32), axis=0)  # a needed step's place among them, from 1
+        count = tl.where(greedy, 0, tl.sum(need.to(tl.int32), axis=0))
     else:
         first = tl.zeros([], tl.int32)
         count = (num_drafts + 1).to(tl.int32)
     if SECOND:
         count = tl.where(uses_top_p, count, 0)
     while j < count:
-        i = tl.minimum(first + j, width - 1)  # j < the number marked: a reachable step
+        if VERDICTS:  # the needed step of rank j + 1
+            i = tl.min(tl.where(need & (rank == j + 1), steps, width - 1), axis=0)
+        else:
+            i = tl.minimum(first + j, width - 1)  # j < the number marked: a reachable step
         slot = b * width + i
         row_ptr, _start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
         max_logit, _argmax = row_max_argmax(part_max_ptr, part_arg_ptr, slot, row_splits, BLOCK_S)
