@@ -147,6 +147,12 @@ TOP_K_MARKS_MAX_K = 256
 # marks' limit) from 76.5 to 111.1 µs at B=64 (H100, 640 programs: one wave became 1.2;
 # bench/NOTES.md).
 TOP_K_SUM_MAX_REGISTERS = 96
+# Its registers without top-k (0: no cap). Skipping the steps that surely pass after an
+# unsettled one (verify_rows.py) took B=16 from 62 to 80 registers (6 programs an SM) and
+# B=256 from 56 to 72, the other bench shapes from 61-63 to 56; capped at 56 every shape
+# compiles to 56 with no spill, 9 an SM (at 64: 64 and 8); sm_90, Triton 3.6,
+# bench/verify_resources.py.
+SUM_MAX_REGISTERS = 56
 # The second normaliser's (top-p after top-k) registers a thread (0: no cap): uncapped it
 # takes 128 (4 programs an SM); capped, B=64 top-k 50 + top-p 0.9 318.8 -> 307.5 µs, at 64
 # 313.8 (H100). Without top-k it takes 80 uncapped.
@@ -443,7 +449,8 @@ def launch_verify(
     sum_flags = {"BLOCK_V": BLOCK_V, "MASS_BLOCK": mass_block, "MARKED": screen_launch,
                  "VERDICTS": max_pass_tests, "BLOCK_W": next_power_of_2(width), "num_warps": SUM_WARPS,
                  **flags, **exact}
-    first_sum_registers = {"maxnreg": TOP_K_SUM_MAX_REGISTERS} if has_top_k and TOP_K_SUM_MAX_REGISTERS else {}
+    first_sum_cap = TOP_K_SUM_MAX_REGISTERS if has_top_k else SUM_MAX_REGISTERS
+    first_sum_registers = {"maxnreg": first_sum_cap} if first_sum_cap else {}
     second_sum_registers = {"maxnreg": SECOND_SUM_MAX_REGISTERS} if has_top_k and SECOND_SUM_MAX_REGISTERS else {}
     top_p_search_registers = {"maxnreg": TOP_P_SEARCH_MAX_REGISTERS} if has_top_k and TOP_P_SEARCH_MAX_REGISTERS else {}
     if not one_launch:

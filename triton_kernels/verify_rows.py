@@ -348,62 +348,61 @@ def fixed_sum_kernel(
         first = tl.load(marked_ptr + b * 2)
         count = tl.load(marked_ptr + b * 2 + 1)
     elif VERDICTS:
-        # The steps whose normaliser the decisions read (verify_decide.py): from the first
-        # step that does not surely pass to the first that surely fails after it (the bonus
-        # step when none does), those whose verdict is not a pass: the unsettled tests and
-        # the step that samples. A step that surely passes needs none, also after an
-        # unsettled one (marking every later step there cost the request's programs a row
-        # each: H200, B=256, 215 -> 258 µs on 2 of 8 draws; bench/NOTES.md). Greedy: none.
+        # The first step that does not surely pass (the bonus step when all do), and after an
+        # unsettled one the later steps the loop below does not skip; greedy requests none.
         steps = tl.arange(0, BLOCK_W)
-        drafted = steps < num_drafts
-        verdicts = tl.load(verdict_ptr + b * width + steps, mask=drafted, other=PASSES)
-        first = tl.min(tl.where(drafted & (verdicts != PASSES), steps, num_drafts), axis=0)
-        last = tl.min(tl.where(drafted & (steps >= first) & (verdicts == FAILS), steps, num_drafts), axis=0)
-        need = (steps >= first) & (steps <= last) & ((verdicts != PASSES) | (steps == num_drafts))
-        rank = tl.cumsum(need.to(tl.int32), axis=0)  # a needed step's place among them, from 1
-        count = tl.where(greedy, 0, tl.sum(need.to(tl.int32), axis=0))
+        verdicts = tl.load(verdict_ptr + b * width + steps, mask=steps < num_drafts, other=PASSES)
+        first = tl.min(tl.where((steps < num_drafts) & (verdicts != PASSES), steps, num_drafts), axis=0).to(tl.int32)
+        unsettled = tl.sum(((steps == first) & (verdicts == UNSETTLED)).to(tl.int32), axis=0) > 0
+        count = tl.where(greedy, 0, tl.where(unsettled, num_drafts + 1 - first, 1)).to(tl.int32)
     else:
         first = tl.zeros([], tl.int32)
         count = (num_drafts + 1).to(tl.int32)
     if SECOND:
         count = tl.where(uses_top_p, count, 0)
     while j < count:
-        if VERDICTS:  # the needed step of rank j + 1
-            i = tl.min(tl.where(need & (rank == j + 1), steps, width - 1), axis=0)
-        else:
-            i = tl.minimum(first + j, width - 1)  # j < the number marked: a reachable step
+        i = tl.minimum(first + j, width - 1)  # j < the number marked: a reachable step
         slot = b * width + i
-        row_ptr, _start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
-        max_logit, _argmax = row_max_argmax(part_max_ptr, part_arg_ptr, slot, row_splits, BLOCK_S)
-        kth = tl.full([], float("-inf"), tl.float32)
-        if HAS_TOP_K:
-            kth = row_kth(top_k_state_ptr, top_k_agg_ptr, slot, num_slots, row_splits, uses_top_k, top_k,
-                          max_logit, BLOCK_S)
-        z1 = tl.full([], 1.0, tl.float32)
-        p_min = tl.zeros([], tl.float32)
-        if SECOND:
-            z1 = row_fixed_sum(first_sum_ptr, slot, num_splits, BLOCK_S)
-            p_min = row_p_min(top_p_state_ptr, top_p_agg_ptr, slot, num_slots, row_splits, uses_top_p, top_p,
-                              BLOCK_S)
-        blocks = block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, MASS_BLOCK)
-        list_ptr = live_list_ptr + (slot.to(tl.int64) * num_splits + split) * LIVE_BLOCKS
-        # The live blocks: z1's, those top-k's round 0 marked (block_sum holds the marks,
-        # where it marked: verify_search.marks_blocks); z2's, those z1 left nonzero.
-        live = tl.full([], SECOND, tl.int1)
-        if HAS_TOP_K and (LIVE_BLOCKS > 0) and not SECOND:
-            lo = tl.load(top_k_state_ptr + slot.to(tl.int64) * 2)  # round 0's interval
-            hi = tl.load(top_k_state_ptr + slot.to(tl.int64) * 2 + 1)
-            unseeded, _max_key = top_k_initial(max_logit)
-            live = uses_top_k & marks_blocks(lo, hi, lo > unseeded, top_k, MARK_MAX_K)
-        split_range = (row_ptr, blocks, list_ptr, split * split_len, split_len, vocab)
-        if scale > 0.0:  # T = 2^n: exp's first step by one multiply (exponent_scale)
-            total = _split_fixed_sum(*split_range, max_logit, scale, kth, z1, p_min, live, True, SECOND, HAS_TOP_K,
-                                     BLOCK_V, MASS_BLOCK, LIVE_BLOCKS)
-        else:
-            total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, live, False, SECOND,
-                                     HAS_TOP_K, BLOCK_V, MASS_BLOCK, LIVE_BLOCKS)
-        tl.store(part_sum_ptr + slot.to(tl.int64) * num_splits + split, total)
-        j += step_programs
+        # VERDICTS, after an unsettled first step: the decisions (verify_decide.py) read the
+        # normalisers of the unsettled steps and of the one that samples, the first sure
+        # failure (or the bonus step): a step that surely passes is skipped, a sure failure
+        # is the last. Marking every later step held the request's programs a row each
+        # (H200, B=256 random 215 -> 258 µs on 2 draws of 8; bench/NOTES.md).
+        verdict = tl.full([], UNSETTLED, tl.int32)
+        if VERDICTS:
+            verdict = tl.load(verdict_ptr + slot, mask=(j > 0) & (i < num_drafts), other=UNSETTLED)
+        if verdict != PASSES:
+            row_ptr, _start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i, num_tokens, vocab, width)
+            max_logit, _argmax = row_max_argmax(part_max_ptr, part_arg_ptr, slot, row_splits, BLOCK_S)
+            kth = tl.full([], float("-inf"), tl.float32)
+            if HAS_TOP_K:
+                kth = row_kth(top_k_state_ptr, top_k_agg_ptr, slot, num_slots, row_splits, uses_top_k, top_k,
+                              max_logit, BLOCK_S)
+            z1 = tl.full([], 1.0, tl.float32)
+            p_min = tl.zeros([], tl.float32)
+            if SECOND:
+                z1 = row_fixed_sum(first_sum_ptr, slot, num_splits, BLOCK_S)
+                p_min = row_p_min(top_p_state_ptr, top_p_agg_ptr, slot, num_slots, row_splits, uses_top_p, top_p,
+                                  BLOCK_S)
+            blocks = block_sum_ptr + slot.to(tl.int64) * tl.cdiv(vocab, MASS_BLOCK)
+            list_ptr = live_list_ptr + (slot.to(tl.int64) * num_splits + split) * LIVE_BLOCKS
+            # The live blocks: z1's, those top-k's round 0 marked (block_sum holds the marks,
+            # where it marked: verify_search.marks_blocks); z2's, those z1 left nonzero.
+            live = tl.full([], SECOND, tl.int1)
+            if HAS_TOP_K and (LIVE_BLOCKS > 0) and not SECOND:
+                lo = tl.load(top_k_state_ptr + slot.to(tl.int64) * 2)  # round 0's interval
+                hi = tl.load(top_k_state_ptr + slot.to(tl.int64) * 2 + 1)
+                unseeded, _max_key = top_k_initial(max_logit)
+                live = uses_top_k & marks_blocks(lo, hi, lo > unseeded, top_k, MARK_MAX_K)
+            split_range = (row_ptr, blocks, list_ptr, split * split_len, split_len, vocab)
+            if scale > 0.0:  # T = 2^n: exp's first step by one multiply (exponent_scale)
+                total = _split_fixed_sum(*split_range, max_logit, scale, kth, z1, p_min, live, True, SECOND, HAS_TOP_K,
+                                         BLOCK_V, MASS_BLOCK, LIVE_BLOCKS)
+            else:
+                total = _split_fixed_sum(*split_range, max_logit, temperature, kth, z1, p_min, live, False, SECOND,
+                                         HAS_TOP_K, BLOCK_V, MASS_BLOCK, LIVE_BLOCKS)
+            tl.store(part_sum_ptr + slot.to(tl.int64) * num_splits + split, total)
+        j = tl.where(verdict == FAILS, count, j + step_programs)
 
 
 @triton.jit
