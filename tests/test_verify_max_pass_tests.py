@@ -2,8 +2,9 @@
 TESTS, triton_kernels/verify_rows.py) instead of a screen launch: a verdict that passes is
 an exact pass and one that fails an exact failure, every test far from its boundary is
 settled, greedy verdicts are the argmax's; the tokens equal the reference's with the max
-pass's tests and with the screen launch; the packed departures are left at zero; the calls
-the max pass cannot serve take the screen launch. Rows of 3-4 programs under the
+pass's tests and with the screen launch; after an unsettled test the normaliser sums only
+the steps the decisions test; the packed departures are left at zero; the calls the max
+pass cannot serve take the screen launch. Rows of 3-4 programs under the
 interpreter; on a GPU 5 and 18."""
 
 from __future__ import annotations

@@ -282,6 +282,20 @@ def test_launches_with_top_k_fit_their_register_cap(launch):
     assert capped[0] <= cap and capped[1] == 0, f"capped: {capped[0]} registers, {capped[1]} bytes spilled"
 
 
+@pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
+def test_the_normaliser_without_top_k_fits_its_register_cap():
+    """The first normaliser after the max pass's verdicts, as launched without top-k
+    (verify.SUM_MAX_REGISTERS, 4 warps): within the cap and without a spill, so 9 programs
+    an SM (uncapped the bench shapes took 56-80 registers, bench/NOTES.md)."""
+    from specops.triton_kernels import verify
+
+    constexprs = {"SECOND": False, "BLOCK_V": 2048, "MARKED": False, "VERDICTS": True, "HAS_TOP_K": False,
+                  "HAS_TOP_P": False, "BLOCK_S": 16}
+    registers, spilled = _ptxas_usage(_ptx(verify_rows.fixed_sum_kernel, constexprs, num_warps=verify.SUM_WARPS,
+                                           maxnreg=verify.SUM_MAX_REGISTERS))
+    assert verify.SUM_MAX_REGISTERS and registers <= verify.SUM_MAX_REGISTERS and spilled == 0, (registers, spilled)
+
+
 @pytest.mark.skipif(not INTERPRETED, reason="the compile tests above run in this process")
 def test_compiles_in_a_process_without_the_interpreter():
     rerun_without_interpreter(__file__)
