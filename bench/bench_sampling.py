@@ -316,6 +316,7 @@ def main() -> None:
     flashinfer = None if args.no_flashinfer or device.type != "cuda" else import_flashinfer()
     runner = Runner(device, env["copy_bw_tbs"], args.iters)
     for B, k, V, mode in QUICK_SHAPES if args.quick else SHAPES:
+        torch.manual_seed(0)  # each shape's data whatever the shapes before it drew (bench_verify.py)
         runner.bench_shape(make_inputs(B, k, V, mode, device, flashinfer is not None), backends, flashinfer)
         if device.type == "cuda":
             torch.cuda.empty_cache()

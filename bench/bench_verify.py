@@ -241,6 +241,10 @@ def main() -> None:
     shapes = [] if args.only_filtered else [(*shape, None, None) for shape in plain]
     shapes += QUICK_FILTERED_SHAPES if args.quick else FILTERED_SHAPES
     for B, k, V, mode, top_k, top_p in shapes:
+        # Each shape's inputs from the same seed: the torch pipeline's draws consume the global
+        # generator, so without it a row's data hung on how many calls the shapes before it
+        # timed (the B=256 Triton row read 213-247 µs between runs for its data; NOTES).
+        torch.manual_seed(0)
         x = make_inputs(B, k, V, mode, device, flashinfer is not None)
         rows += bench_shape(x, device, backends, flashinfer, env["copy_bw_tbs"], args.iters, top_k, top_p, args.rounds)
         if device.type == "cuda":
