@@ -295,7 +295,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--settle", choices=["first", "each"], default="first",
                         help="untimed calls (SETTLE_SECONDS) before the first specops impl of a shape only, "
-                             "or before every impl's series (not yet measured against 'first': bench/NOTES.md)")
+                             "or before every impl's series (H200: specops rows unchanged, FlashInfer's prefill "
+                             "rows 4-8%% slower, B=1 eager rows 0.6-0.7x; bench/NOTES.md)")
     args = parser.parse_args()
     device = torch.device(args.device)
     env = common.env_stamp(device)
