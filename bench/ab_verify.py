@@ -9,7 +9,10 @@ one process, alternating rounds of queued graph replays, outputs checked equal f
 
 A shape is B:k:V:mode, then optional tags: topkN (every request top_k = N), toppF (every
 request top_p = F), tempF (every request at temperature F: flatter rows above 1; else 1,
-0 for greedy), logprobs (return the log-probabilities). Times are medians over rounds
+0 for greedy), logprobs (return the log-probabilities), dscaleF / dnoiseF (the draft logits'
+scale of the target's and noise: bench_sampling.make_inputs; dscale1:dnoise0.1 passes ~0.88
+of the steps against ~0.35 by default). Each shape prints the drafts accepted a request
+(its mean over the batch), the regime the times are for. Times are medians over rounds
 of each variant's median (common.time_us, queued), in µs; --profile adds the per-kernel
 split of each variant (profile_verify.call_kernel_times).
 """
@@ -49,20 +52,27 @@ def load_base(folder: str):
 def shape_call(shape: str, device: torch.device) -> tuple[str, tuple, bool]:
     """(label, launcher arguments, return_logprobs) of one --shapes entry."""
     B, k, V, mode, *tags = shape.split(":")
-    x = make_inputs(int(B), int(k), int(V), mode, device, for_flashinfer=False)
-    args = list(verify_args(x, device))
-    logprobs = False
+    batch = int(B)
+    draft, overrides, logprobs = {}, {}, False  # overrides: launcher argument index -> tensor
     for tag in tags:
-        if tag.startswith("topk"):
-            args[6] = torch.full((int(B),), int(tag[4:]), dtype=torch.int32, device=device)
+        if tag.startswith("dscale"):
+            draft["draft_scale"] = float(tag[6:])
+        elif tag.startswith("dnoise"):
+            draft["draft_noise"] = float(tag[6:])
+        elif tag.startswith("topk"):
+            overrides[6] = torch.full((batch,), int(tag[4:]), dtype=torch.int32, device=device)
         elif tag.startswith("topp"):
-            args[7] = torch.full((int(B),), float(tag[4:]), dtype=torch.float32, device=device)
+            overrides[7] = torch.full((batch,), float(tag[4:]), dtype=torch.float32, device=device)
         elif tag.startswith("temp"):
-            args[5] = torch.full((int(B),), float(tag[4:]), dtype=torch.float32, device=device)
+            overrides[5] = torch.full((batch,), float(tag[4:]), dtype=torch.float32, device=device)
         elif tag == "logprobs":
             logprobs = True
         else:
             raise ValueError(f"unknown tag {tag!r} in shape {shape!r}")
+    x = make_inputs(batch, int(k), int(V), mode, device, for_flashinfer=False, **draft)
+    args = list(verify_args(x, device))
+    for index, value in overrides.items():
+        args[index] = value
     return shape, tuple(args), logprobs
 
 
@@ -121,6 +131,7 @@ def main() -> None:
         outputs = {name: [t.clone() for t in fn()] for name, fn in fns.items()}
         first = next(iter(outputs.values()))
         equal = all(all(torch.equal(a, b) for a, b in zip(first, out)) for out in outputs.values())
+        accepted = first[1].float().mean().item()
         on_gpu = device.type == "cuda"
         graphs = {name: graph_of(fn).replay if on_gpu else fn for name, fn in fns.items()}
         times = {name: [] for name in fns}
@@ -128,8 +139,8 @@ def main() -> None:
             for name, replay in graphs.items():
                 times[name].append(common.time_us(replay, device, iters=args.iters, queued=True))
         medians = {name: statistics.median(t) for name, t in times.items()}
-        summary.append((label, medians, equal))
-        print(f"{label}: " + ", ".join(f"{n} {us:.1f} us" for n, us in medians.items())
+        summary.append((label, accepted, medians, equal))
+        print(f"{label} ({accepted:.2f} accepted): " + ", ".join(f"{n} {us:.1f} us" for n, us in medians.items())
               + ("" if equal else "  *** OUTPUTS DIFFER"), flush=True)
         if args.profile and on_gpu:
             for name, replay in graphs.items():
@@ -139,10 +150,10 @@ def main() -> None:
         del graphs
         if on_gpu:
             torch.cuda.empty_cache()
-    print("\n| shape | " + " | ".join(variants) + " | outputs |")
-    print("|---|" + "---|" * len(variants) + "---|")
-    for label, medians, equal in summary:
-        print(f"| {label} | " + " | ".join(f"{us:.1f}" for us in medians.values())
+    print("\n| shape | accepted | " + " | ".join(variants) + " | outputs |")
+    print("|---|---|" + "---|" * len(variants) + "---|")
+    for label, accepted, medians, equal in summary:
+        print(f"| {label} | {accepted:.2f} | " + " | ".join(f"{us:.1f}" for us in medians.values())
               + f" | {'equal' if equal else 'DIFFER'} |")
 
 

@@ -18,6 +18,7 @@ def load_bench(name: str):
     try:
         spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # (a dataclass looks its module up there)
         spec.loader.exec_module(module)
         return module
     finally:
@@ -54,3 +55,42 @@ def test_a_rows_measurements_do_not_make_its_own_shape():
                  "gbps": 1.0, "pct_copy_bw": 20.0, "max_err": 0.002, "sm_clock_mhz": 1980}
     assert [key for key, _ in plot_results.shape_of(attention)] == ["B", "L", "q_len", "Hq", "Hkv", "D", "block",
                                                                       "dtype"]
+
+
+bench_sampling = load_bench("bench_sampling")
+ab_verify = load_bench("ab_verify")
+
+
+def test_draft_quality_changes_only_the_drafts():
+    cpu = torch.device("cpu")
+    torch.manual_seed(3)
+    default = bench_sampling.make_inputs(4, 3, 4096, "random", cpu, for_flashinfer=False)
+    torch.manual_seed(3)
+    good = bench_sampling.make_inputs(4, 3, 4096, "random", cpu, for_flashinfer=False, draft_scale=1.0,
+                                      draft_noise=0.1)
+    # the same draws from the generator: the target rows are the same, the drafts are not
+    assert torch.equal(default.logits_with_bonus, good.logits_with_bonus)
+    assert not torch.equal(default.draft_probs, good.draft_probs)
+
+    def acceptance(x):  # a step's chance to pass, sum_v min(p, q), over the rows
+        return torch.minimum(x.target_probs, x.draft_probs).sum(-1).mean().item()
+
+    assert acceptance(good) > acceptance(default) + 0.3
+
+
+def test_ab_verify_shapes_take_draft_quality_and_sampling_tags():
+    cpu = torch.device("cpu")
+    torch.manual_seed(5)
+    label, args, logprobs = ab_verify.shape_call("2:3:512:random:dscale1:dnoise0.1:topk5:logprobs", cpu)
+    torch.manual_seed(5)
+    expected = bench_sampling.make_inputs(2, 3, 512, "random", cpu, for_flashinfer=False, draft_scale=1.0,
+                                          draft_noise=0.1)
+    assert label == "2:3:512:random:dscale1:dnoise0.1:topk5:logprobs" and logprobs
+    assert torch.equal(args[0], expected.target_logits) and torch.equal(args[3], expected.draft_probs)
+    assert args[6].tolist() == [5, 5] and args[7] is None
+    try:
+        ab_verify.shape_call("2:3:512:random:dnoisy", cpu)
+    except ValueError as error:
+        assert "dnoisy" in str(error)
+    else:
+        raise AssertionError("an unknown tag was taken")
