@@ -1,6 +1,7 @@
 """The benchmarks' shared pieces that decide what a results file says, on CPU: the calls of a
 shape timed in turn (bench/common.py) and the grouping of rows into shapes for the PNG
-(bench/plot_results.py): a specops row's graph-replay fields once made it a group of its own."""
+(bench/plot_results.py): a specops row's graph-replay fields once made it a group of its own;
+the inputs' draft quality (bench_sampling.make_inputs) and ab_verify's shape tags."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -27,6 +29,8 @@ def load_bench(name: str):
 
 common = load_bench("common")
 plot_results = load_bench("plot_results")
+bench_sampling = load_bench("bench_sampling")
+ab_verify = load_bench("ab_verify")
 
 
 def test_time_in_turns_times_every_call_once_a_round_in_turn():
@@ -57,10 +61,6 @@ def test_a_rows_measurements_do_not_make_its_own_shape():
                                                                       "dtype"]
 
 
-bench_sampling = load_bench("bench_sampling")
-ab_verify = load_bench("ab_verify")
-
-
 def test_draft_quality_changes_only_the_drafts():
     cpu = torch.device("cpu")
     torch.manual_seed(3)
@@ -88,9 +88,5 @@ def test_ab_verify_shapes_take_draft_quality_and_sampling_tags():
     assert label == "2:3:512:random:dscale1:dnoise0.1:topk5:logprobs" and logprobs
     assert torch.equal(args[0], expected.target_logits) and torch.equal(args[3], expected.draft_probs)
     assert args[6].tolist() == [5, 5] and args[7] is None
-    try:
+    with pytest.raises(ValueError, match="dnoisy"):
         ab_verify.shape_call("2:3:512:random:dnoisy", cpu)
-    except ValueError as error:
-        assert "dnoisy" in str(error)
-    else:
-        raise AssertionError("an unknown tag was taken")
