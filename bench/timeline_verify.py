@@ -5,17 +5,22 @@ quotes these timelines).
 
     python bench/timeline_verify.py                                  # B=16 random, B=1 random
     python bench/timeline_verify.py --shapes 64:4:128256:random --set PDL=0
+    python bench/timeline_verify.py --shapes 64:4:128256:random:topp0.9   # ab_verify's tags: the Triton launcher
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import statistics
 
 import torch
 
+from ab_verify import shape_call
 from bench_verify import graph_time_us
-from profile_verify import shape_parser, verify_calls
+from profile_verify import apply_settings, shape_parser, verify_calls
+
+from specops.triton_kernels import verify as triton_verify
 
 DEFAULT_SHAPES = "16:4:128256:random,1:4:128256:random"
 
@@ -48,10 +53,23 @@ def replay_timeline(graph: torch.cuda.CUDAGraph, replays: int) -> tuple[list[tup
     return rows, statistics.median(spans)
 
 
+def tagged_calls(args):
+    """verify_calls, but a shape with ab_verify's tags (topkN, toppF, tempF, logprobs, ...)
+    calls the Triton launcher on ab_verify's inputs for it."""
+    plain = ",".join(shape for shape in args.shapes.split(",") if shape.count(":") == 3)
+    tagged = [shape for shape in args.shapes.split(",") if shape.count(":") > 3]
+    if plain:
+        yield from verify_calls(argparse.Namespace(**{**vars(args), "shapes": plain}))
+    apply_settings(args.set)  # (verify_calls applies them too: the same constants)
+    for shape in tagged:
+        _label, call, logprobs = shape_call(shape, torch.device("cuda"))
+        yield tuple(shape.split(":", 3)), lambda call=call, logprobs=logprobs: triton_verify.verify(*call, logprobs)
+
+
 def main() -> None:
     args = shape_parser(__doc__.splitlines()[0], DEFAULT_SHAPES, 40).parse_args()
     device = torch.device("cuda")
-    for (B, k, V, mode), fn in verify_calls(args):
+    for (B, k, V, mode), fn in tagged_calls(args):
         fn()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

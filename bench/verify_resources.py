@@ -122,7 +122,8 @@ def main() -> None:
                 programs *= size
             values = {k: getattr(v, "value", v) for k, v in kwargs.items()}
             flags = ", ".join([("top-k" if values["MODE"] == 0 else "top-p") if "MODE" in values else ""]
-                              + [f"{k}={values[k]}" for k in ("SECOND", "SEED_BINS", "MARK_BLOCKS", "LIVE_BLOCKS")
+                              + [f"{k}={values[k]}"
+                                 for k in ("SECOND", "SEED_BINS", "MARK_BLOCKS", "LIVE_BLOCKS", "KEEP_FIRST")
                                  if values.get(k) not in (0, None, False)]).strip(", ")
             key = (name, flags, programs)
             if key in seen:

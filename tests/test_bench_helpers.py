@@ -1,7 +1,8 @@
 """The benchmarks' shared pieces that decide what a results file says, on CPU: the calls of a
 shape timed in turn (bench/common.py) and the grouping of rows into shapes for the PNG
 (bench/plot_results.py): a specops row's graph-replay fields once made it a group of its own;
-the inputs' draft quality (bench_sampling.make_inputs) and ab_verify's shape tags."""
+the inputs' draft quality (bench_sampling.make_inputs), ab_verify's shape tags, and the
+launch constants a timeline of a tagged shape runs with (bench/timeline_verify.py)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ common = load_bench("common")
 plot_results = load_bench("plot_results")
 bench_sampling = load_bench("bench_sampling")
 ab_verify = load_bench("ab_verify")
+timeline_verify = load_bench("timeline_verify")
 
 
 def test_time_in_turns_times_every_call_once_a_round_in_turn():
@@ -90,3 +92,22 @@ def test_ab_verify_shapes_take_draft_quality_and_sampling_tags():
     assert args[6].tolist() == [5, 5] and args[7] is None
     with pytest.raises(ValueError, match="dnoisy"):
         ab_verify.shape_call("2:3:512:random:dnoisy", cpu)
+
+
+def test_timeline_of_a_tagged_shape_runs_the_set_constants(monkeypatch):
+    """A shape with ab_verify's tags calls the Triton launcher on ab_verify's inputs, under
+    --set's constants (they were once applied to the untagged shapes only)."""
+    from specops.triton_kernels import verify as triton_verify
+
+    monkeypatch.setattr(triton_verify, "TOP_P_KEPT_ROWS", triton_verify.TOP_P_KEPT_ROWS)  # restored after
+    shapes = []
+    monkeypatch.setattr(timeline_verify, "shape_call",
+                        lambda shape, device: (shapes.append(shape) or shape, (1, 2), True))
+    seen = []
+    monkeypatch.setattr(triton_verify, "verify", lambda *args: seen.append((args, triton_verify.TOP_P_KEPT_ROWS)))
+    args = timeline_verify.shape_parser("", "", 1).parse_args(["--shapes", "8:3:512:random:topp0.9",
+                                                               "--set", "TOP_P_KEPT_ROWS=7"])
+    [(name, fn)] = list(timeline_verify.tagged_calls(args))
+    fn()
+    assert name == ("8", "3", "512", "random:topp0.9") and shapes == ["8:3:512:random:topp0.9"]
+    assert seen == [((1, 2, True), 7)]
