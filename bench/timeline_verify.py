@@ -55,13 +55,15 @@ def replay_timeline(graph: torch.cuda.CUDAGraph, replays: int) -> tuple[list[tup
 
 def tagged_calls(args):
     """verify_calls, but a shape with ab_verify's tags (topkN, toppF, tempF, logprobs, ...)
-    calls the Triton launcher on ab_verify's inputs for it."""
+    calls the Triton launcher on ab_verify's inputs for it, seeded as ab_verify seeds them
+    (0, its default): the same rows as an A/B of that shape."""
     plain = ",".join(shape for shape in args.shapes.split(",") if shape.count(":") == 3)
     tagged = [shape for shape in args.shapes.split(",") if shape.count(":") > 3]
     if plain:
         yield from verify_calls(argparse.Namespace(**{**vars(args), "shapes": plain}))
     apply_settings(args.set)  # (verify_calls applies them too: the same constants)
     for shape in tagged:
+        torch.manual_seed(0)
         _label, call, logprobs = shape_call(shape, torch.device("cuda"))
         yield tuple(shape.split(":", 3)), lambda call=call, logprobs=logprobs: triton_verify.verify(*call, logprobs)
 

@@ -95,19 +95,22 @@ def test_ab_verify_shapes_take_draft_quality_and_sampling_tags():
 
 
 def test_timeline_of_a_tagged_shape_runs_the_set_constants(monkeypatch):
-    """A shape with ab_verify's tags calls the Triton launcher on ab_verify's inputs, under
-    --set's constants (they were once applied to the untagged shapes only)."""
+    """A shape with ab_verify's tags calls the Triton launcher on ab_verify's inputs, seeded
+    as ab_verify's are, under --set's constants (they were once applied to the untagged
+    shapes only)."""
     from specops.triton_kernels import verify as triton_verify
 
     monkeypatch.setattr(triton_verify, "TOP_P_KEPT_ROWS", triton_verify.TOP_P_KEPT_ROWS)  # restored after
     shapes = []
     monkeypatch.setattr(timeline_verify, "shape_call",
-                        lambda shape, device: (shapes.append(shape) or shape, (1, 2), True))
+                        lambda shape, device: (shapes.append((shape, torch.rand(1).item())) or shape, (1, 2), True))
     seen = []
     monkeypatch.setattr(triton_verify, "verify", lambda *args: seen.append((args, triton_verify.TOP_P_KEPT_ROWS)))
     args = timeline_verify.shape_parser("", "", 1).parse_args(["--shapes", "8:3:512:random:topp0.9",
                                                                "--set", "TOP_P_KEPT_ROWS=7"])
     [(name, fn)] = list(timeline_verify.tagged_calls(args))
     fn()
-    assert name == ("8", "3", "512", "random:topp0.9") and shapes == ["8:3:512:random:topp0.9"]
+    torch.manual_seed(0)
+    ab_verify_first_draw = torch.rand(1).item()  # ab_verify seeds its inputs with 0 (--seed)
+    assert name == ("8", "3", "512", "random:topp0.9") and shapes == [("8:3:512:random:topp0.9", ab_verify_first_draw)]
     assert seen == [((1, 2, True), 7)]
