@@ -53,6 +53,8 @@ CASES = [
     ("top-k search, seeded, two sets", verify_search.threshold_search_kernel,
      {"MODE": 0, "BLOCK_V": 256, "SEED_BINS": 128, "SEED_COARSE": 32}, False),
     ("top-p search", verify_search.threshold_search_kernel, {"MODE": 1, "BLOCK_V": 256}, False),
+    ("top-p search, grouped, ahead", verify_search.threshold_search_kernel,
+     {"MODE": 1, "BLOCK_V": 128, "GROUPED": True, "KEPT_PREFETCH": True}, False),
     ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048}, False),
     ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
     ("fixed sum, unscreened", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048, "MARKED": False},
@@ -265,11 +267,16 @@ def _capped_launches():
         "top-p search": (verify_search.threshold_search_kernel,
                          {"MODE": 1, "BLOCK_V": verify.SEARCH_BLOCK_V, "UNROLL": verify.SEARCH_UNROLL, **live},
                          verify.SEARCH_WARPS, verify.TOP_P_SEARCH_MAX_REGISTERS),
+        "top-p alone search": (verify_search.threshold_search_kernel,
+                               {"MODE": 1, "BLOCK_V": verify.SEARCH_BLOCK_V, "UNROLL": verify.SEARCH_UNROLL,
+                                "HAS_TOP_K": False, "KEEP_FIRST": True, "BLOCK_S": 16,
+                                "GROUPED": verify.TOP_P_GROUPED_KEEPING, "KEPT_PREFETCH": verify.SEARCH_KEPT_PREFETCH},
+                               verify.SEARCH_WARPS, verify.TOP_P_ALONE_MAX_REGISTERS),
     }
 
 
 @pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
-@pytest.mark.parametrize("launch", ["first", "second", "top-p search"])
+@pytest.mark.parametrize("launch", ["first", "second", "top-p search", "top-p alone search"])
 def test_launches_with_top_k_fit_their_register_cap(launch):
     """The normalisers and top-p's search rounds with top-k and live blocks, as launched
     (verify.py, 4 warps): past the cap uncapped (114 to 128 registers: 4 programs an SM),

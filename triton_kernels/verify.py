@@ -163,6 +163,10 @@ SECOND_SUM_MAX_REGISTERS = 96
 # registers, 3 an SM): capped at 96 its full-row rounds lost 1293 -> 3271 µs at B=64, and at
 # 128 -> 1470 (bench/NOTES.md).
 TOP_P_SEARCH_MAX_REGISTERS = 96
+# Top-p alone's search rounds (0: no cap): grouped keeping (TOP_P_GROUPED_KEEPING) takes them
+# from 168 registers to 181 uncapped, 3 programs an SM to 2; at 168 they compile without a
+# spill (sm_90, Triton 3.6, bench/verify_resources.py).
+TOP_P_ALONE_MAX_REGISTERS = 168
 # Top-p alone: round 0 keeps its interval's keys (verify_search.top_p_bounds; about a third
 # of a split's on the bench's rows), so one row pass instead of two, into a buffer of its own
 # size: TOP_P_KEPT_ROWS rows a lane, TOP_P_KEEP_LIMIT keys a split in later rounds. H100,
@@ -173,8 +177,20 @@ TOP_P_SEARCH_MAX_REGISTERS = 96
 TOP_P_KEEP_FIRST = True
 TOP_P_KEPT_ROWS = 256
 TOP_P_KEEP_LIMIT = 16384
+# Top-p's row passes keep keys by lane group: a warp's kept keys stored compactly to its 32
+# columns (verify_search_counts.append_grouped) instead of each lane at its own next row, whose
+# stores touched up to 32 lines a warp: ~130 µs of B=64 top-p 0.9's ~770 on the H200 (ncu and
+# store-less copies, bench/NOTES.md). False: each lane appends to its own column.
+TOP_P_GROUPED_KEEPING = True
+# The searches' kept rounds issue their next KEPT_UNROLL rows' loads before counting these
+# (top-p alone's round 1 waited on L1TEX for 44% of its stalls at 15% occupancy under ncu).
+SEARCH_KEPT_PREFETCH = True
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
+# The same on unscreened calls (one request: its decisions are the chain's tail), where the
+# H200 took B=1 random from 13.6 to 12.8 µs at 2 against 4 and B >= 16 lost 0.2-0.8 µs
+# (bench/NOTES.md). The proposals are drawn and tried in the same order either way.
+UNSCREENED_PROPOSAL_ROUND = 2
 DECIDE_WARPS = 8
 # The screen, one program per request, is latency-bound: 8 warps against 4, H100 A/B
 # (bench/NOTES.md): B = 1 n-gram 15.5 -> 14.9 µs, B = 16 random 32.1 -> 31.6, B = 256 291.5
@@ -417,7 +433,8 @@ def launch_verify(
                              HAS_DRAFT_PROBS=draft_probs is not None, num_warps=NUM_WARPS, PDL=pdl,
                              maxnreg=REGISTERS_PER_SM // (ROW_MAX_RESIDENT * NUM_WARPS * 32) // 8 * 8)
     flags = {"HAS_TOP_K": has_top_k, "HAS_TOP_P": has_top_p, "BLOCK_S": block_s}
-    search_flags = {"BLOCK_V": search_block_v, "UNROLL": SEARCH_UNROLL, "num_warps": SEARCH_WARPS, **flags, **exact}
+    search_flags = {"BLOCK_V": search_block_v, "UNROLL": SEARCH_UNROLL, "KEPT_PREFETCH": bool(SEARCH_KEPT_PREFETCH),
+                    "num_warps": SEARCH_WARPS, **flags, **exact}
     for search_round in range(TOP_K_ROUNDS.value if has_top_k else 0):
         threshold_search_kernel[grid](*top_k_search, *kept, part_max, part_arg, part_bins, *top_k_search, part_sum,
                                       block_sum, part_arg, *rows, *params, num_tokens, vocab, width, split_len,
@@ -452,7 +469,8 @@ def launch_verify(
     first_sum_cap = TOP_K_SUM_MAX_REGISTERS if has_top_k else SUM_MAX_REGISTERS
     first_sum_registers = {"maxnreg": first_sum_cap} if first_sum_cap else {}
     second_sum_registers = {"maxnreg": SECOND_SUM_MAX_REGISTERS} if has_top_k and SECOND_SUM_MAX_REGISTERS else {}
-    top_p_search_registers = {"maxnreg": TOP_P_SEARCH_MAX_REGISTERS} if has_top_k and TOP_P_SEARCH_MAX_REGISTERS else {}
+    top_p_search_cap = TOP_P_SEARCH_MAX_REGISTERS if has_top_k else TOP_P_ALONE_MAX_REGISTERS
+    top_p_search_registers = {"maxnreg": top_p_search_cap} if top_p_search_cap else {}
     if not one_launch:
         fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, live_list, *rows, *params, *sum_sizes,
                                    SECOND=False, LIVE_BLOCKS=live_sum_blocks if mark_blocks else 0,
@@ -464,7 +482,7 @@ def launch_verify(
                                           split_len, search_round, *keeping, MODE=TOP_P_MODE,
                                           LIVE_BLOCKS=live_search_blocks,
                                           KEEP_FIRST=keep_first and search_round == 0,
-                                          **search_flags, **top_p_search_registers)
+                                          GROUPED=bool(TOP_P_GROUPED_KEEPING), **search_flags, **top_p_search_registers)
             if search_round == 0 and has_top_k and keep_limit >= 0 and bool(TOP_P_FINISH):
                 # Round 0 kept every key that weighs (about top_k a row): the threshold from them.
                 top_p_finish_kernel[(num_slots,)](
@@ -484,7 +502,8 @@ def launch_verify(
         resume, *(verdicts if one_launch else (max_pass_verdicts if max_pass_tests else out, part_max, part_sum)),
         part_max, part_arg, part_sum, part_sum2, *top_k_search, *top_p_search, *request, sum_splits, **request_flags,
         MASS_BLOCK=mass_block,
-        BLOCK_B=next_power_of_2(cdiv(vocab, mass_block)), PROPOSAL_ROUND=PROPOSAL_ROUND,
+        BLOCK_B=next_power_of_2(cdiv(vocab, mass_block)),
+        PROPOSAL_ROUND=PROPOSAL_ROUND if screened else UNSCREENED_PROPOSAL_ROUND,
         BLOCK_W=next_power_of_2(width), SCREENED=screen_launch,
         VERDICTS=test_steps or max_pass_tests, SLOT_STATS=test_steps, num_warps=DECIDE_WARPS, **exact,
     )

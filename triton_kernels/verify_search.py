@@ -13,8 +13,10 @@ interval lies inside the current one. So a program whose split holds at most
 ``keep_limit`` entries of the current interval (known from the previous round's
 partials: exactly for top-k, bounded by mass / least weight for top-p) keeps their keys
 while it counts: each of the BLOCK_V lanes appends the keys it meets to its own column
-of a [kept_rows, BLOCK_V] buffer (no atomics, no cross-lane scan), and stores the mass
-above hi it counted. Its later rounds read those keys, not the row: A(c) is the stored
+of a [kept_rows, BLOCK_V] buffer (no atomics, no cross-lane scan), or, GROUPED (top-p),
+each warp's lanes append theirs compactly to the warp's 32 columns (a scan inside the
+warp: its stores then touch a line or two, not one a lane), and stores the mass above hi
+it counted. Its later rounds read those keys, not the row: A(c) is the stored
 mass above hi plus the kept keys' weights above c, the same integers. A lane that meets
 more than kept_rows keys voids the buffer and the split reads its row again next round.
 Each kept round moves its own interval's keys down their columns and drops the rest (the
@@ -241,6 +243,16 @@ def row_p_min(state_ptr, agg_ptr, slot, num_slots, num_splits, uses_top_p, top_p
 
 
 @triton.jit
+def _kept_keys(keys_ptr, row, lane_count, BLOCK_V: tl.constexpr):
+    """KEPT_UNROLL rows of a split's kept keys from ``row`` (0 past each lane's count)."""
+    key0 = tl.load(keys_ptr + row * BLOCK_V, mask=row < lane_count, other=0)
+    key1 = tl.load(keys_ptr + (row + 1) * BLOCK_V, mask=row + 1 < lane_count, other=0)
+    key2 = tl.load(keys_ptr + (row + 2) * BLOCK_V, mask=row + 2 < lane_count, other=0)
+    key3 = tl.load(keys_ptr + (row + 3) * BLOCK_V, mask=row + 3 < lane_count, other=0)
+    return key0, key1, key2, key3
+
+
+@triton.jit
 def _store_kept_record(lanes_ptr, meta_ptr, lane_count, most, above_hi, total):
     """A split's kept record once its lanes hold its interval's keys: their counts, then
     A(hi) (the mass above them), the total and, last, the rows kept."""
@@ -300,6 +312,8 @@ def threshold_search_kernel(
     MARK_BLOCKS: tl.constexpr = 0,  # top-k's round 0: a power of two >= a split's blocks; marks them for z1
     MARK_MAX_K: tl.constexpr = 0,  # (MARK_BLOCKS) marked where top_k is at most this (marks_blocks)
     KEEP_FIRST: tl.constexpr = False,  # top-p alone: round 0 keeps its interval's keys (top_p_bounds)
+    GROUPED: tl.constexpr = False,  # row passes keep keys by lane group (verify_search_counts.append_grouped)
+    KEPT_PREFETCH: tl.constexpr = False,  # kept rounds load their next KEPT_UNROLL rows before counting these
     PDL: tl.constexpr = False,
 ):
     slot = tl.program_id(0)
@@ -395,13 +409,18 @@ def threshold_search_kernel(
                 # are moved down their column (never past a row already read), the rest dropped:
                 # the keys of the later rounds' intervals stay, and the stored mass above them
                 # becomes this round's A(hi). A column so shrinks about 16x a round.
+                # KEPT_PREFETCH: the next rows' loads issued before these rows' counts (the moves
+                # store only below the row being read, never into a row loaded ahead).
                 stays = tl.zeros([BLOCK_V], tl.int32)
                 row = 0
+                if KEPT_PREFETCH:
+                    ahead = _kept_keys(keys_ptr, row, lane_count, BLOCK_V)
                 while row < rows_kept:
-                    key0 = tl.load(keys_ptr + row * BLOCK_V, mask=row < lane_count, other=0)
-                    key1 = tl.load(keys_ptr + (row + 1) * BLOCK_V, mask=row + 1 < lane_count, other=0)
-                    key2 = tl.load(keys_ptr + (row + 2) * BLOCK_V, mask=row + 2 < lane_count, other=0)
-                    key3 = tl.load(keys_ptr + (row + 3) * BLOCK_V, mask=row + 3 < lane_count, other=0)
+                    if KEPT_PREFETCH:
+                        key0, key1, key2, key3 = ahead
+                        ahead = _kept_keys(keys_ptr, row + KEPT_UNROLL, lane_count, BLOCK_V)
+                    else:
+                        key0, key1, key2, key3 = _kept_keys(keys_ptr, row, lane_count, BLOCK_V)
                     kept = (counts, from_lo, above_hi, stays)
                     kept = add_kept(key0, row, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
                     kept = add_kept(key1, row + 1, lane_count, *kept, candidate, lo32, hi32, keys_ptr, MODE, BLOCK_V)
@@ -447,7 +466,7 @@ def threshold_search_kernel(
                     if keep:
                         keeping = (candidate, lo32, hi32, keys_ptr, kept_rows, keep)
                         sums = row_pass(*split_range, weighting, fresh, keeping, live_ptr, MODE, UNROLL, BLOCK_V,
-                                        SKIPS, False, LIVE, marks, MARKS)
+                                        SKIPS, False, LIVE, marks, MARKS, GROUPED=GROUPED)
                         counts, from_lo, above_hi, totals, lane_count = sums
                         if MODE == TOP_K_MODE:  # keys >= lo: those kept (every one counted) and those above hi
                             from_lo = lane_count + above_hi
@@ -465,7 +484,7 @@ def threshold_search_kernel(
                     if counting_pass:
                         sums = row_pass(*split_range, weighting, fresh,
                                         (candidate, lo32, hi32, keys_ptr, kept_rows, False), live_ptr,
-                                        MODE, UNROLL, BLOCK_V, SKIPS, True, LIVE, marks, MARKS)
+                                        MODE, UNROLL, BLOCK_V, SKIPS, True, LIVE, marks, MARKS, GROUPED=GROUPED)
                         counts, from_lo, above_hi, totals, lane_count = sums
                         total = tl.sum(totals, axis=0)
                 else:
@@ -473,10 +492,10 @@ def threshold_search_kernel(
                     scale = exponent_scale(temperature)
                     if scale > 0.0:  # T = 2^n (1 among them): exp's first step by one multiply (exponent_scale)
                         sums = row_pass(*split_range, (max_logit, scale, kth, z1), fresh, counting, live_ptr, MODE,
-                                        UNROLL, BLOCK_V, SKIPS, True, LIVE, MULTIPLY=True)
+                                        UNROLL, BLOCK_V, SKIPS, True, LIVE, MULTIPLY=True, GROUPED=GROUPED)
                     else:
                         sums = row_pass(*split_range, weighting, fresh, counting, live_ptr, MODE, UNROLL, BLOCK_V, SKIPS,
-                                        True, LIVE)
+                                        True, LIVE, GROUPED=GROUPED)
                     counts, from_lo, above_hi, totals, lane_count = sums
                     total = tl.sum(totals, axis=0)
                     if keep:
