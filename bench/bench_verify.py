@@ -77,6 +77,11 @@ FILTERED_SHAPES = [(64, 4, 128256, "random", 50, 0.9), (16, 4, 128256, "random",
 QUICK_FILTERED_SHAPES = [(8, 3, 5000, "random", 50, 0.9), (8, 3, 5000, "random", None, 0.9)]
 
 
+def shape_label(B: int, k: int, V: int, mode: str, top_k: int | None, top_p: float | None) -> str:
+    """A shape as --shapes names it: B:k:V:mode, the mode as its rows carry it."""
+    return f"{B}:{k}:{V}:" + mode + (f"+topk{top_k}" if top_k else "") + (f"+topp{top_p}" if top_p else "")
+
+
 def verify_args(x, device, top_k: int | None = None, top_p: float | None = None) -> tuple:
     """specops.verify's arguments for bench_sampling's inputs (every request with the same
     top-k / top-p when given)."""
@@ -224,6 +229,9 @@ def main() -> None:
                         help="rounds of the eager calls in turn (1 for smoke runs)")
     parser.add_argument("--backends", default=None, help="comma-separated specops backends (default: all here)")
     parser.add_argument("--only-filtered", action="store_true", help="only the top-k / top-p shapes")
+    parser.add_argument("--shapes", default=None, metavar="B:k:V:mode[,...]",
+                        help="only these of the plain and filtered shapes (a filtered one's mode as its rows': "
+                             "random+topk50+topp0.9)")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
@@ -240,6 +248,11 @@ def main() -> None:
     plain = QUICK_SHAPES if args.quick else SHAPES
     shapes = [] if args.only_filtered else [(*shape, None, None) for shape in plain]
     shapes += QUICK_FILTERED_SHAPES if args.quick else FILTERED_SHAPES
+    if args.shapes:
+        wanted = set(args.shapes.split(","))
+        shapes = [s for s in shapes if shape_label(*s) in wanted]
+        if not shapes:
+            parser.error(f"--shapes {args.shapes!r} names none of the benchmark's shapes")
     for B, k, V, mode, top_k, top_p in shapes:
         # Each shape's inputs from the same seed: the torch pipeline's draws consume the global
         # generator, so without it a row's data hung on how many calls the shapes before it
