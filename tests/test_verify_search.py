@@ -106,19 +106,17 @@ def test_triton_top_p_alone_keeps_in_round_0(device, backend, kept_rows, keep_fi
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
-@pytest.mark.parametrize("grouped,prefetch", [(False, False), (False, True), (True, False)],
-                         ids=["by-lane", "by-lane-prefetch", "grouped-in-turn"])
-def test_triton_top_p_keeps_by_lane_group_or_by_lane(device, backend, grouped, prefetch, monkeypatch):
-    """Top-p's row passes keep keys by lane group (TOP_P_GROUPED_KEEPING, on by default:
-    a warp's keys compactly in its 32 columns) or each lane in its own column, and the kept
-    rounds load their next rows ahead or not (SEARCH_KEPT_PREFETCH, on by default): every
-    form gets the reference's tokens, counts and log-probabilities, top-p alone (round 0
-    keeps) and after top-k, over 64-entry blocks whose lanes keep several rows (a grouped
-    key stored one column off, or a load ahead that skips rows, fails it)."""
+@pytest.mark.parametrize("prefetch", [True, False], ids=["rows-ahead", "rows-in-turn"])
+def test_triton_kept_rounds_load_ahead_or_not(device, backend, prefetch, monkeypatch):
+    """The searches' kept rounds load their next rows of kept keys before counting and moving
+    these (SEARCH_KEPT_PREFETCH, on by default) or load each step's rows in turn: both get
+    the reference's tokens, counts and log-probabilities, top-k then top-p and top-p alone
+    (round 0 keeps), over 64-entry blocks whose lanes keep several rows (a load ahead that
+    skips rows fails it)."""
     from specops.triton_kernels import verify as triton_verify
 
-    for name, value in (("TOP_P_GROUPED_KEEPING", grouped), ("SEARCH_KEPT_PREFETCH", prefetch),
-                        ("TOP_P_KEEP_LIMIT", 10**6), ("BLOCK_V", 64), ("MIN_SPLIT_LEN", 64)):
+    for name, value in (("SEARCH_KEPT_PREFETCH", prefetch), ("TOP_P_KEEP_LIMIT", 10**6), ("BLOCK_V", 64),
+                        ("MIN_SPLIT_LEN", 64)):
         monkeypatch.setattr(triton_verify, name, value)
     inputs = threshold_inputs(2500)
     assert_matches_reference(inputs, 3, device, backend)
@@ -249,10 +247,9 @@ def test_triton_first_normaliser_reads_the_marked_blocks(device, backend, marks,
 def test_triton_launches_with_top_k_capped(device, backend, monkeypatch):
     """With top-k the launcher caps both normalisers' registers and top-p's search rounds'
     (TOP_K_SUM_MAX_REGISTERS, SECOND_SUM_MAX_REGISTERS, TOP_P_SEARCH_MAX_REGISTERS: 5
-    programs an SM, bench/NOTES.md); with top-p alone the first normaliser at the cap of
-    every call without top-k (SUM_MAX_REGISTERS) and its search rounds at
-    TOP_P_ALONE_MAX_REGISTERS (the occupancy they had before grouped keeping; lower caps
-    lost), not its second normaliser; the tokens match the reference either way."""
+    programs an SM, bench/NOTES.md); with top-p alone only the first normaliser, at the
+    cap of every call without top-k (SUM_MAX_REGISTERS), not its search (it lost capped); the
+    tokens match the reference either way."""
     from specops.triton_kernels import verify as triton_verify
 
     launches = []
@@ -283,8 +280,8 @@ def test_triton_launches_with_top_k_capped(device, backend, monkeypatch):
     launches.clear()
     inputs["top_k"] = None
     assert_matches_reference(inputs, 3, device, backend)
-    assert launches == [("first", triton_verify.SUM_MAX_REGISTERS),
-                        *[("top-p search", triton_verify.TOP_P_ALONE_MAX_REGISTERS)] * rounds, ("second", None)]
+    assert launches == [("first", triton_verify.SUM_MAX_REGISTERS), *[("top-p search", None)] * rounds,
+                        ("second", None)]
 
 
 @pytest.mark.parametrize("device,backend", TRITON_BACKENDS)

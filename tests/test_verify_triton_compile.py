@@ -53,8 +53,8 @@ CASES = [
     ("top-k search, seeded, two sets", verify_search.threshold_search_kernel,
      {"MODE": 0, "BLOCK_V": 256, "SEED_BINS": 128, "SEED_COARSE": 32}, False),
     ("top-p search", verify_search.threshold_search_kernel, {"MODE": 1, "BLOCK_V": 256}, False),
-    ("top-p search, grouped, ahead", verify_search.threshold_search_kernel,
-     {"MODE": 1, "BLOCK_V": 128, "GROUPED": True, "KEPT_PREFETCH": True}, False),
+    ("top-p search, kept rows ahead", verify_search.threshold_search_kernel,
+     {"MODE": 1, "BLOCK_V": 128, "KEPT_PREFETCH": True}, False),
     ("fixed sum", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048}, False),
     ("fixed sum, top-p", verify_rows.fixed_sum_kernel, {"SECOND": True, "BLOCK_V": 2048}, False),
     ("fixed sum, unscreened", verify_rows.fixed_sum_kernel, {"SECOND": False, "BLOCK_V": 2048, "MARKED": False},
@@ -78,16 +78,15 @@ CASES = [
 ]
 
 
-def _signature(fn, constexprs: dict, pointers: dict | None = None) -> dict:
-    row_pointers = ROW_POINTERS | (pointers or {})
+def _signature(fn, constexprs: dict) -> dict:
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
         elif name in SCALARS:
             signature[name] = "i32"
-        elif name in row_pointers:
-            signature[name] = row_pointers[name]
+        elif name in ROW_POINTERS:
+            signature[name] = ROW_POINTERS[name]
         elif name.endswith(INT_POINTER_SUFFIXES):
             signature[name] = "*i64"
         else:
@@ -95,12 +94,12 @@ def _signature(fn, constexprs: dict, pointers: dict | None = None) -> dict:
     return signature
 
 
-def _ptx(fn, constexprs: dict, pointers: dict | None = None, **options) -> str:
+def _ptx(fn, constexprs: dict, **options) -> str:
     # Flags not given take the kernel's defaults (a constexpr left out would otherwise be
     # typed as a pointer).
     defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
     constexprs = {**defaults, **{k: v for k, v in FLAGS.items() if k in fn.arg_names}, **constexprs}
-    source = triton.compiler.ASTSource(fn=fn, signature=_signature(fn, constexprs, pointers), constexprs=constexprs)
+    source = triton.compiler.ASTSource(fn=fn, signature=_signature(fn, constexprs), constexprs=constexprs)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                             options={"enable_fp_fusion": False, "num_warps": 8, **options})
     return kernel.asm["ptx"]
@@ -254,44 +253,33 @@ def _ptxas_usage(ptx: str) -> tuple[int, int]:
     return int(re.search(r"Used (\d+) registers", log).group(1)), spilled
 
 
-FP32_LOGITS = {"target_ptr": "*fp32", "bonus_ptr": "*fp32"}
-
-
 def _capped_launches():
-    """(kernel, constexprs, warps, cap, pointer types) of each launch the launcher caps: with
-    top-k, and top-p alone's search (with fp32 logits, as measured: bf16 ones spill 8 bytes
-    at its cap, bench/NOTES.md)."""
+    """(name, kernel, constexprs, warps, cap) of each launch the launcher caps with top-k."""
     from specops.triton_kernels import verify
 
     live = {"LIVE_BLOCKS": 512, "BLOCK_S": 16}
     sums = {"BLOCK_V": 2048, "MARK_MAX_K": verify.TOP_K_MARKS_MAX_K, **live}
     return {
         "first": (verify_rows.fixed_sum_kernel, {"SECOND": False, **sums}, verify.SUM_WARPS,
-                  verify.TOP_K_SUM_MAX_REGISTERS, None),
+                  verify.TOP_K_SUM_MAX_REGISTERS),
         "second": (verify_rows.fixed_sum_kernel, {"SECOND": True, **sums}, verify.SUM_WARPS,
-                   verify.SECOND_SUM_MAX_REGISTERS, None),
+                   verify.SECOND_SUM_MAX_REGISTERS),
         "top-p search": (verify_search.threshold_search_kernel,
                          {"MODE": 1, "BLOCK_V": verify.SEARCH_BLOCK_V, "UNROLL": verify.SEARCH_UNROLL, **live},
-                         verify.SEARCH_WARPS, verify.TOP_P_SEARCH_MAX_REGISTERS, None),
-        "top-p alone search": (verify_search.threshold_search_kernel,
-                               {"MODE": 1, "BLOCK_V": verify.SEARCH_BLOCK_V, "UNROLL": verify.SEARCH_UNROLL,
-                                "HAS_TOP_K": False, "KEEP_FIRST": True, "BLOCK_S": 16,
-                                "GROUPED": verify.TOP_P_GROUPED_KEEPING, "KEPT_PREFETCH": verify.SEARCH_KEPT_PREFETCH},
-                               verify.SEARCH_WARPS, verify.TOP_P_ALONE_MAX_REGISTERS, FP32_LOGITS),
+                         verify.SEARCH_WARPS, verify.TOP_P_SEARCH_MAX_REGISTERS),
     }
 
 
 @pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
-@pytest.mark.parametrize("launch", ["first", "second", "top-p search", "top-p alone search"])
-def test_launches_fit_their_register_cap(launch):
-    """The normalisers and top-p's search rounds with top-k and live blocks, and top-p
-    alone's search (grouped keeping, 181 registers uncapped: 2 programs an SM), as launched
+@pytest.mark.parametrize("launch", ["first", "second", "top-p search"])
+def test_launches_with_top_k_fit_their_register_cap(launch):
+    """The normalisers and top-p's search rounds with top-k and live blocks, as launched
     (verify.py, 4 warps): past the cap uncapped (114 to 128 registers: 4 programs an SM),
     within it capped, and without a spill (each cap was measured without one,
     bench/NOTES.md: a spill would be a new cost)."""
-    kernel, constexprs, warps, cap, pointers = _capped_launches()[launch]
-    uncapped = _ptxas_usage(_ptx(kernel, constexprs, pointers, num_warps=warps))
-    capped = _ptxas_usage(_ptx(kernel, constexprs, pointers, num_warps=warps, maxnreg=cap))
+    kernel, constexprs, warps, cap = _capped_launches()[launch]
+    uncapped = _ptxas_usage(_ptx(kernel, constexprs, num_warps=warps))
+    capped = _ptxas_usage(_ptx(kernel, constexprs, num_warps=warps, maxnreg=cap))
     assert uncapped[0] > cap, f"uncapped {uncapped[0]} registers: the cap no longer binds"
     assert capped[0] <= cap and capped[1] == 0, f"capped: {capped[0]} registers, {capped[1]} bytes spilled"
 

@@ -163,10 +163,6 @@ SECOND_SUM_MAX_REGISTERS = 96
 # registers, 3 an SM): capped at 96 its full-row rounds lost 1293 -> 3271 µs at B=64, and at
 # 128 -> 1470 (bench/NOTES.md).
 TOP_P_SEARCH_MAX_REGISTERS = 96
-# Top-p alone's search rounds (0: no cap): grouped keeping (TOP_P_GROUPED_KEEPING) takes them
-# from 168 registers to 181 uncapped, 3 programs an SM to 2; at 168 they compile without a
-# spill (sm_90, Triton 3.6, bench/verify_resources.py).
-TOP_P_ALONE_MAX_REGISTERS = 168
 # Top-p alone: round 0 keeps its interval's keys (verify_search.top_p_bounds; about a third
 # of a split's on the bench's rows), so one row pass instead of two, into a buffer of its own
 # size: TOP_P_KEPT_ROWS rows a lane, TOP_P_KEEP_LIMIT keys a split in later rounds. H100,
@@ -177,11 +173,6 @@ TOP_P_ALONE_MAX_REGISTERS = 168
 TOP_P_KEEP_FIRST = True
 TOP_P_KEPT_ROWS = 256
 TOP_P_KEEP_LIMIT = 16384
-# Top-p's row passes keep keys by lane group: a warp's kept keys stored compactly to its 32
-# columns (verify_search_counts.append_grouped) instead of each lane at its own next row, whose
-# stores touched up to 32 lines a warp: ~130 µs of B=64 top-p 0.9's ~770 on the H200 (ncu and
-# store-less copies, bench/NOTES.md). False: each lane appends to its own column.
-TOP_P_GROUPED_KEEPING = True
 # The searches' kept rounds issue their next KEPT_UNROLL rows' loads before counting these
 # (top-p alone's round 1 waited on L1TEX for 44% of its stalls at 15% occupancy under ncu).
 SEARCH_KEPT_PREFETCH = True
@@ -469,8 +460,7 @@ def launch_verify(
     first_sum_cap = TOP_K_SUM_MAX_REGISTERS if has_top_k else SUM_MAX_REGISTERS
     first_sum_registers = {"maxnreg": first_sum_cap} if first_sum_cap else {}
     second_sum_registers = {"maxnreg": SECOND_SUM_MAX_REGISTERS} if has_top_k and SECOND_SUM_MAX_REGISTERS else {}
-    top_p_search_cap = TOP_P_SEARCH_MAX_REGISTERS if has_top_k else TOP_P_ALONE_MAX_REGISTERS
-    top_p_search_registers = {"maxnreg": top_p_search_cap} if top_p_search_cap else {}
+    top_p_search_registers = {"maxnreg": TOP_P_SEARCH_MAX_REGISTERS} if has_top_k and TOP_P_SEARCH_MAX_REGISTERS else {}
     if not one_launch:
         fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, live_list, *rows, *params, *sum_sizes,
                                    SECOND=False, LIVE_BLOCKS=live_sum_blocks if mark_blocks else 0,
@@ -482,7 +472,7 @@ def launch_verify(
                                           split_len, search_round, *keeping, MODE=TOP_P_MODE,
                                           LIVE_BLOCKS=live_search_blocks,
                                           KEEP_FIRST=keep_first and search_round == 0,
-                                          GROUPED=bool(TOP_P_GROUPED_KEEPING), **search_flags, **top_p_search_registers)
+                                          **search_flags, **top_p_search_registers)
             if search_round == 0 and has_top_k and keep_limit >= 0 and bool(TOP_P_FINISH):
                 # Round 0 kept every key that weighs (about top_k a row): the threshold from them.
                 top_p_finish_kernel[(num_slots,)](

@@ -13,10 +13,8 @@ interval lies inside the current one. So a program whose split holds at most
 ``keep_limit`` entries of the current interval (known from the previous round's
 partials: exactly for top-k, bounded by mass / least weight for top-p) keeps their keys
 while it counts: each of the BLOCK_V lanes appends the keys it meets to its own column
-of a [kept_rows, BLOCK_V] buffer (no atomics, no cross-lane scan), or, GROUPED (top-p),
-each warp's lanes append theirs compactly to the warp's 32 columns (a scan inside the
-warp: its stores then touch a line or two, not one a lane), and stores the mass above hi
-it counted. Its later rounds read those keys, not the row: A(c) is the stored
+of a [kept_rows, BLOCK_V] buffer (no atomics, no cross-lane scan), and stores the mass
+above hi it counted. Its later rounds read those keys, not the row: A(c) is the stored
 mass above hi plus the kept keys' weights above c, the same integers. A lane that meets
 more than kept_rows keys voids the buffer and the split reads its row again next round.
 Each kept round moves its own interval's keys down their columns and drops the rest (the
@@ -312,7 +310,6 @@ def threshold_search_kernel(
     MARK_BLOCKS: tl.constexpr = 0,  # top-k's round 0: a power of two >= a split's blocks; marks them for z1
     MARK_MAX_K: tl.constexpr = 0,  # (MARK_BLOCKS) marked where top_k is at most this (marks_blocks)
     KEEP_FIRST: tl.constexpr = False,  # top-p alone: round 0 keeps its interval's keys (top_p_bounds)
-    GROUPED: tl.constexpr = False,  # row passes keep keys by lane group (verify_search_counts.append_grouped)
     KEPT_PREFETCH: tl.constexpr = False,  # kept rounds load their next KEPT_UNROLL rows before counting these
     PDL: tl.constexpr = False,
 ):
@@ -466,7 +463,7 @@ def threshold_search_kernel(
                     if keep:
                         keeping = (candidate, lo32, hi32, keys_ptr, kept_rows, keep)
                         sums = row_pass(*split_range, weighting, fresh, keeping, live_ptr, MODE, UNROLL, BLOCK_V,
-                                        SKIPS, False, LIVE, marks, MARKS, GROUPED=GROUPED)
+                                        SKIPS, False, LIVE, marks, MARKS)
                         counts, from_lo, above_hi, totals, lane_count = sums
                         if MODE == TOP_K_MODE:  # keys >= lo: those kept (every one counted) and those above hi
                             from_lo = lane_count + above_hi
@@ -484,7 +481,7 @@ def threshold_search_kernel(
                     if counting_pass:
                         sums = row_pass(*split_range, weighting, fresh,
                                         (candidate, lo32, hi32, keys_ptr, kept_rows, False), live_ptr,
-                                        MODE, UNROLL, BLOCK_V, SKIPS, True, LIVE, marks, MARKS, GROUPED=GROUPED)
+                                        MODE, UNROLL, BLOCK_V, SKIPS, True, LIVE, marks, MARKS)
                         counts, from_lo, above_hi, totals, lane_count = sums
                         total = tl.sum(totals, axis=0)
                 else:
@@ -492,10 +489,10 @@ def threshold_search_kernel(
                     scale = exponent_scale(temperature)
                     if scale > 0.0:  # T = 2^n (1 among them): exp's first step by one multiply (exponent_scale)
                         sums = row_pass(*split_range, (max_logit, scale, kth, z1), fresh, counting, live_ptr, MODE,
-                                        UNROLL, BLOCK_V, SKIPS, True, LIVE, MULTIPLY=True, GROUPED=GROUPED)
+                                        UNROLL, BLOCK_V, SKIPS, True, LIVE, MULTIPLY=True)
                     else:
                         sums = row_pass(*split_range, weighting, fresh, counting, live_ptr, MODE, UNROLL, BLOCK_V, SKIPS,
-                                        True, LIVE, GROUPED=GROUPED)
+                                        True, LIVE)
                     counts, from_lo, above_hi, totals, lane_count = sums
                     total = tl.sum(totals, axis=0)
                     if keep:

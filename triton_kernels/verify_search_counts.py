@@ -129,49 +129,12 @@ def load_listed_step(row_ptr, list_ptr, listed, count, first_block, lane, end, U
 
 
 @triton.jit
-def append_grouped(key, kept, group_count, keys_ptr, kept_rows, BLOCK_V: tl.constexpr):
-    """A block's kept keys appended compactly to their lane group's columns: the block's lanes
-    as [groups, GROUP] (a group a warp at 32 lanes a warp), each group's keys in lane order at
-    its next places, place n at row n // GROUP of the group's column n % GROUP, so one store
-    of a warp touches one or two lines where lanes appending to their own columns touch up to
-    32 once their counts drift (bench/NOTES.md). The column layout the kept rounds read stays
-    (kept_columns gives each lane's count). ``group_count``: [BLOCK_V], the group's keys so
-    far at each of its lanes; returns it with the block's added. Places past kept_rows rows
-    are not stored (the caller voids an overflowed split). The scan stays inside the warp:
-    shuffles, no shared memory or barrier (sm_90 SASS, bench/verify_resources.py)."""
-    GROUP: tl.constexpr = 32 if BLOCK_V >= 32 else BLOCK_V  # a warp's lanes (fewer in the tests' small blocks)
-    GROUPS: tl.constexpr = BLOCK_V // GROUP
-    flags = tl.reshape(kept.to(tl.int32), [GROUPS, GROUP])
-    rank = tl.reshape(tl.cumsum(flags, axis=1) - flags, [BLOCK_V])  # kept lanes before this one, in its group
-    added = tl.reshape(tl.broadcast_to(tl.sum(flags, axis=1)[:, None], [GROUPS, GROUP]), [BLOCK_V])
-    place = group_count + rank
-    lane = tl.arange(0, BLOCK_V)
-    column_shift = place % GROUP - lane % GROUP  # keys_ptr is at this lane's own column
-    tl.store(keys_ptr + (place // GROUP).to(tl.int64) * BLOCK_V + column_shift, key,
-             mask=kept & (place < kept_rows * GROUP))
-    return group_count + added
-
-
-@triton.jit
-def kept_columns(group_count, BLOCK_V: tl.constexpr):
-    """Each lane's kept keys after grouped keeping (append_grouped): lane j of a group of n
-    keys holds places j, j + GROUP, ... below n, ceil((n - j) / GROUP) of them (0 where n <= j;
-    n >= 0 and j < GROUP keep the dividend >= 0). The most is lane 0's, ceil(n / GROUP): over
-    kept_rows exactly where the group overflowed."""
-    GROUP: tl.constexpr = 32 if BLOCK_V >= 32 else BLOCK_V
-    j = tl.arange(0, BLOCK_V) % GROUP
-    return (group_count - j + GROUP - 1) // GROUP
-
-
-@triton.jit
 def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above_hi, totals,
               lane_count, candidate, lo32, hi32, keys_ptr, kept_rows, keep, MODE: tl.constexpr,
-              BLOCK_V: tl.constexpr, COUNTS: tl.constexpr, MULTIPLY: tl.constexpr = False,
-              GROUPED: tl.constexpr = False):
+              BLOCK_V: tl.constexpr, COUNTS: tl.constexpr, MULTIPLY: tl.constexpr = False):
     """A block's keys and weights added into the per-lane partials (the 16 candidates' only
-    with COUNTS), and, when ``keep``, the keys of [lo, hi] appended to their lanes' columns
-    (GROUPED: to their lane group's, append_grouped; ``lane_count`` then holds the group's
-    count). Top-k's keeping pass (not COUNTS) adds neither the keys >= lo nor the totals: its
+    with COUNTS), and, when ``keep``, the keys of [lo, hi] appended to their lanes' columns.
+    Top-k's keeping pass (not COUNTS) adds neither the keys >= lo nor the totals: its
     caller takes them from the lanes' kept counts and the split's length. MULTIPLY:
     ``temperature`` holds log2(e) / T (verify_math.exponent_scale)."""
     KEEPING_TOP_K: tl.constexpr = (MODE == TOP_K_MODE) and not COUNTS
@@ -193,31 +156,28 @@ def add_block(z, inside, max_logit, temperature, kth, z1, counts, from_lo, above
             kept = inside & (key >= lo32) & (key <= hi32)
         else:
             kept = inside & (weight > 0) & (key >= lo32) & (key <= hi32)  # weight 0 adds to no A(c)
-        if GROUPED:
-            lane_count = append_grouped(key, kept, lane_count, keys_ptr, kept_rows, BLOCK_V)
-        else:
-            tl.store(keys_ptr + lane_count.to(tl.int64) * BLOCK_V, key, mask=kept & (lane_count < kept_rows))
-            lane_count += kept.to(tl.int32)
+        tl.store(keys_ptr + lane_count.to(tl.int64) * BLOCK_V, key, mask=kept & (lane_count < kept_rows))
+        lane_count += kept.to(tl.int32)
     return counts, from_lo, above_hi, totals, lane_count
 
 
 @triton.jit
 def add_blocks(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr,
-               COUNTS: tl.constexpr, MULTIPLY: tl.constexpr = False, GROUPED: tl.constexpr = False):
+               COUNTS: tl.constexpr, MULTIPLY: tl.constexpr = False):
     """add_block over the UNROLL blocks of a step."""
     z0, in0, z1, in1, z2, in2, z3, in3 = step
-    sums = add_block(z0, in0, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS, MULTIPLY, GROUPED)
+    sums = add_block(z0, in0, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS, MULTIPLY)
     if UNROLL > 1:
-        sums = add_block(z1, in1, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS, MULTIPLY, GROUPED)
+        sums = add_block(z1, in1, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS, MULTIPLY)
     if UNROLL > 2:
-        sums = add_block(z2, in2, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS, MULTIPLY, GROUPED)
-        sums = add_block(z3, in3, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS, MULTIPLY, GROUPED)
+        sums = add_block(z2, in2, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS, MULTIPLY)
+        sums = add_block(z3, in3, *weighting, *sums, *counting, MODE, BLOCK_V, COUNTS, MULTIPLY)
     return sums
 
 
 @triton.jit
 def add_step(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.constexpr, BLOCK_V: tl.constexpr,
-             SKIPS: tl.constexpr, COUNTS: tl.constexpr, MULTIPLY: tl.constexpr = False, GROUPED: tl.constexpr = False):
+             SKIPS: tl.constexpr, COUNTS: tl.constexpr, MULTIPLY: tl.constexpr = False):
     """The UNROLL blocks of a step (load_step's) added into the partials ``sums``. SKIPS
     (top-p after top-k): a step with no logit >= kth weighs 0 everywhere (key 0, mass 0),
     adds nothing and is skipped, the program's one test for the whole step (with top-k 50
@@ -226,16 +186,16 @@ def add_step(step, weighting, sums, counting, MODE: tl.constexpr, UNROLL: tl.con
         z0, _in0, z1, _in1, z2, _in2, z3, _in3 = step
         highest = tl.max(tl.maximum(tl.maximum(z0, z1), tl.maximum(z2, z3)), axis=0)
         if highest >= weighting[2]:
-            sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS, MULTIPLY, GROUPED)
+            sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS, MULTIPLY)
     else:
-        sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS, MULTIPLY, GROUPED)
+        sums = add_blocks(step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS, MULTIPLY)
     return sums
 
 
 @triton.jit
 def row_pass(row_ptr, v_begin, end, weighting, sums, counting, live, MODE: tl.constexpr, UNROLL: tl.constexpr,
              BLOCK_V: tl.constexpr, SKIPS: tl.constexpr, COUNTS: tl.constexpr, LIVE_BLOCKS: tl.constexpr = 0,
-             marks=None, MARKS: tl.constexpr = False, MULTIPLY: tl.constexpr = False, GROUPED: tl.constexpr = False):
+             marks=None, MARKS: tl.constexpr = False, MULTIPLY: tl.constexpr = False):
     """A split's entries [v_begin, end) added into ``sums``, UNROLL blocks a step, their
     loads issued first (more bytes in flight a thread), and the next step's loads before
     this step's counts. LIVE_BLOCKS (with SKIPS, top-p after top-k): ``live`` = (the first
@@ -243,9 +203,7 @@ def row_pass(row_ptr, v_begin, end, weighting, sums, counting, live, MODE: tl.co
     LIVE_BLOCKS): only the blocks whose sum is not 0 are read (live_list), UNROLL at a time.
     A block summed to 0 weighs 0 here too: each entry's floor(p 2^32) <= floor(w 2^40) = 0.
     MARKS (top-k's round 0): ``marks`` = (the row's block marks, the float of lo), mark_step's.
-    MULTIPLY: ``weighting``'s temperature is log2(e) / T (add_block's). GROUPED: kept keys
-    appended by lane group (append_grouped); the returned lane counts are each lane's
-    (kept_columns), as without it."""
+    MULTIPLY: ``weighting``'s temperature is log2(e) / T (add_block's)."""
     lane = tl.arange(0, BLOCK_V)
     if LIVE_BLOCKS > 0:
         sums_ptr, list_ptr = live
@@ -257,7 +215,7 @@ def row_pass(row_ptr, v_begin, end, weighting, sums, counting, live, MODE: tl.co
             this_step = step
             listed += UNROLL
             step = load_listed_step(row_ptr, list_ptr, listed, count, first_block, lane, end, UNROLL, BLOCK_V)
-            sums = add_blocks(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS, MULTIPLY, GROUPED)
+            sums = add_blocks(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, COUNTS, MULTIPLY)
     else:
         offset = v_begin
         step = load_step(row_ptr, offset + lane, end, UNROLL, BLOCK_V)
@@ -266,12 +224,8 @@ def row_pass(row_ptr, v_begin, end, weighting, sums, counting, live, MODE: tl.co
             step = load_step(row_ptr, offset + UNROLL * BLOCK_V + lane, end, UNROLL, BLOCK_V)
             if MARKS:
                 mark_step(this_step, marks[0] + offset // BLOCK_V, marks[1], UNROLL, BLOCK_V)
-            sums = add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS, COUNTS, MULTIPLY,
-                            GROUPED)
+            sums = add_step(this_step, weighting, sums, counting, MODE, UNROLL, BLOCK_V, SKIPS, COUNTS, MULTIPLY)
             offset += UNROLL * BLOCK_V
-    if GROUPED:
-        counts, from_lo, above_hi, totals, group_count = sums
-        sums = (counts, from_lo, above_hi, totals, kept_columns(group_count, BLOCK_V))
     return sums
 
 
