@@ -77,9 +77,14 @@ FILTERED_SHAPES = [(64, 4, 128256, "random", 50, 0.9), (16, 4, 128256, "random",
 QUICK_FILTERED_SHAPES = [(8, 3, 5000, "random", 50, 0.9), (8, 3, 5000, "random", None, 0.9)]
 
 
+def row_mode(mode: str, top_k: int | None, top_p: float | None) -> str:
+    """A row's mode: the drafts' mode, then the filters (random+topk50+topp0.9)."""
+    return mode + (f"+topk{top_k}" if top_k else "") + (f"+topp{top_p}" if top_p else "")
+
+
 def shape_label(B: int, k: int, V: int, mode: str, top_k: int | None, top_p: float | None) -> str:
     """A shape as --shapes names it: B:k:V:mode, the mode as its rows carry it."""
-    return f"{B}:{k}:{V}:" + mode + (f"+topk{top_k}" if top_k else "") + (f"+topp{top_p}" if top_p else "")
+    return f"{B}:{k}:{V}:{row_mode(mode, top_k, top_p)}"
 
 
 def verify_args(x, device, top_k: int | None = None, top_p: float | None = None) -> tuple:
@@ -158,7 +163,7 @@ def graph_time_us(fn, device, iters: int, queued: bool = False) -> float:
 def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters, top_k=None, top_p=None,
                 rounds=EAGER_ROUNDS) -> list[dict]:
     B, k, V = x.shape
-    mode = x.mode + (f"+topk{top_k}" if top_k else "") + (f"+topp{top_p}" if top_p else "")
+    mode = row_mode(x.mode, top_k, top_p)
     calls: dict[str, tuple] = {}  # impl -> (call, note), timed together below
 
     def add(impl: str, fn, note: str = "") -> None:

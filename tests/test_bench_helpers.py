@@ -2,7 +2,8 @@
 shape timed in turn (bench/common.py) and the grouping of rows into shapes for the PNG
 (bench/plot_results.py): a specops row's graph-replay fields once made it a group of its own;
 the inputs' draft quality (bench_sampling.make_inputs), ab_verify's shape tags, and the
-launch constants a timeline of a tagged shape runs with (bench/timeline_verify.py)."""
+launch constants a timeline of a tagged shape runs with (bench/timeline_verify.py), and the
+names bench_verify --shapes picks shapes by."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ plot_results = load_bench("plot_results")
 bench_sampling = load_bench("bench_sampling")
 ab_verify = load_bench("ab_verify")
 timeline_verify = load_bench("timeline_verify")
+bench_verify = load_bench("bench_verify")
 
 
 def test_time_in_turns_times_every_call_once_a_round_in_turn():
@@ -114,3 +116,17 @@ def test_timeline_of_a_tagged_shape_runs_the_set_constants(monkeypatch):
     ab_verify_first_draw = torch.rand(1).item()  # ab_verify seeds its inputs with 0 (--seed)
     assert name == ("8", "3", "512", "random:topp0.9") and shapes == [("8:3:512:random:topp0.9", ab_verify_first_draw)]
     assert seen == [((1, 2, True), 7)]
+
+
+def test_bench_verify_shapes_are_named_apart_as_their_rows():
+    """bench_verify --shapes names a shape B:k:V:mode with the mode its rows carry: every plain
+    and filtered shape (full and quick) gets a label of its own, so --shapes picks one shape
+    each, and a filtered one's label ends in the filters its rows' mode lists."""
+    for plain, filtered in ((bench_verify.SHAPES, bench_verify.FILTERED_SHAPES),
+                            (bench_verify.QUICK_SHAPES, bench_verify.QUICK_FILTERED_SHAPES)):
+        shapes = [(*shape, None, None) for shape in plain] + list(filtered)
+        labels = [bench_verify.shape_label(*shape) for shape in shapes]
+        assert len(set(labels)) == len(labels), labels
+    assert bench_verify.shape_label(64, 4, 128256, "random", 50, 0.9) == "64:4:128256:random+topk50+topp0.9"
+    assert bench_verify.shape_label(1, 4, 128256, "ngram", None, None) == "1:4:128256:ngram"
+
