@@ -129,4 +129,3 @@ def test_bench_verify_shapes_are_named_apart_as_their_rows():
         assert len(set(labels)) == len(labels), labels
     assert bench_verify.shape_label(64, 4, 128256, "random", 50, 0.9) == "64:4:128256:random+topk50+topp0.9"
     assert bench_verify.shape_label(1, 4, 128256, "ngram", None, None) == "1:4:128256:ngram"
-

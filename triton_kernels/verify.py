@@ -175,12 +175,15 @@ TOP_P_KEPT_ROWS = 256
 TOP_P_KEEP_LIMIT = 16384
 # The searches' kept rounds issue their next KEPT_UNROLL rows' loads before counting these
 # (top-p alone's round 1 waited on L1TEX for 44% of its stalls at 15% occupancy under ncu).
+# H100, 3 rounds (bench/NOTES.md): B=64 top-p 0.9 823 -> 789 µs, top-p 0.5 701 -> 690; B=16,
+# B=256 and top-k + top-p within +0.7-1.6% (the run's noise ~1%).
 SEARCH_KEPT_PREFETCH = True
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
-# The same on unscreened calls (one request: its decisions are the chain's tail), where the
-# H200 took B=1 random from 13.6 to 12.8 µs at 2 against 4 and B >= 16 lost 0.2-0.8 µs
-# (bench/NOTES.md). The proposals are drawn and tried in the same order either way.
+# The same on unscreened calls (one request: its decisions are the chain's tail), where 2
+# against 4 took B=1 random from 13.6 to 12.8 µs on the H200 and 13.8 to 13.1 on the H100
+# (k=8 with its bonus drawn 22.9 -> 21.3), while B >= 16 lost 0.2-0.8 µs with 2 (bench/NOTES.md).
+# The proposals are drawn and tried in the same order either way.
 UNSCREENED_PROPOSAL_ROUND = 2
 DECIDE_WARPS = 8
 # The screen, one program per request, is latency-bound: 8 warps against 4, H100 A/B
