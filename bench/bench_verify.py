@@ -87,6 +87,17 @@ def shape_label(B: int, k: int, V: int, mode: str, top_k: int | None, top_p: flo
     return f"{B}:{k}:{V}:{row_mode(mode, top_k, top_p)}"
 
 
+def pick_shapes(shapes: list, names: str) -> list:
+    """The shapes (B, k, V, mode, top_k, top_p) that ``names`` (--shapes: shape_label's, comma
+    separated) names, in the benchmark's order; a name that is none of them is an error."""
+    wanted = set(names.split(","))
+    unknown = wanted - {shape_label(*s) for s in shapes}
+    if unknown:
+        raise ValueError(f"--shapes names no shape of the benchmark: {sorted(unknown)} "
+                         f"(its shapes: {[shape_label(*s) for s in shapes]})")
+    return [s for s in shapes if shape_label(*s) in wanted]
+
+
 def verify_args(x, device, top_k: int | None = None, top_p: float | None = None) -> tuple:
     """specops.verify's arguments for bench_sampling's inputs (every request with the same
     top-k / top-p when given)."""
@@ -254,10 +265,10 @@ def main() -> None:
     shapes = [] if args.only_filtered else [(*shape, None, None) for shape in plain]
     shapes += QUICK_FILTERED_SHAPES if args.quick else FILTERED_SHAPES
     if args.shapes:
-        wanted = set(args.shapes.split(","))
-        shapes = [s for s in shapes if shape_label(*s) in wanted]
-        if not shapes:
-            parser.error(f"--shapes {args.shapes!r} names none of the benchmark's shapes")
+        try:
+            shapes = pick_shapes(shapes, args.shapes)
+        except ValueError as error:
+            parser.error(str(error))
     for B, k, V, mode, top_k, top_p in shapes:
         # Each shape's inputs from the same seed: the torch pipeline's draws consume the global
         # generator, so without it a row's data hung on how many calls the shapes before it

@@ -129,3 +129,14 @@ def test_bench_verify_shapes_are_named_apart_as_their_rows():
         assert len(set(labels)) == len(labels), labels
     assert bench_verify.shape_label(64, 4, 128256, "random", 50, 0.9) == "64:4:128256:random+topk50+topp0.9"
     assert bench_verify.shape_label(1, 4, 128256, "ngram", None, None) == "1:4:128256:ngram"
+
+
+def test_bench_verify_shapes_picks_the_named_and_rejects_an_unknown_name():
+    """--shapes keeps the named shapes in the benchmark's order, and a name that is none of
+    them (a typo) is an error naming it, not a shape silently left out of the run."""
+    shapes = [(*shape, None, None) for shape in bench_verify.SHAPES] + list(bench_verify.FILTERED_SHAPES)
+    picked = bench_verify.pick_shapes(shapes, "64:4:128256:random+topp0.9,1:4:128256:ngram")
+    assert [bench_verify.shape_label(*s) for s in picked] == ["1:4:128256:ngram", "64:4:128256:random+topp0.9"]
+    with pytest.raises(ValueError, match="64:4:128256:randm"):
+        bench_verify.pick_shapes(shapes, "1:4:128256:ngram,64:4:128256:randm")
+
