@@ -175,8 +175,8 @@ TOP_P_KEPT_ROWS = 256
 TOP_P_KEEP_LIMIT = 16384
 # The searches' kept rounds issue their next KEPT_UNROLL rows' loads before counting these
 # (top-p alone's round 1 waited on L1TEX for 44% of its stalls at 15% occupancy under ncu).
-# H100, 3 rounds (bench/NOTES.md): B=64 top-p 0.9 823 -> 789 µs, top-p 0.5 701 -> 690; B=16,
-# B=256 and top-k + top-p within +0.7-1.6% (the run's noise ~1%).
+# H100 (bench/NOTES.md), 5 rounds against loads in turn: B=64 top-p 0.9 817 -> 786 µs, B=16
+# +0.6%, B=256 +0.1%; 3 rounds: top-p 0.5 701 -> 690, top-k + top-p +1% (the run's noise ~1%).
 SEARCH_KEPT_PREFETCH = True
 MASS_BLOCK = 128  # vocab entries per block sum of the normaliser's masses (a power of two)
 PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the first round
