@@ -15,6 +15,12 @@ request with top-k then top-p, or top-p alone; torch eager filters by topk and s
 FlashInfer by top_k_renorm_probs and top_p_renorm_probs, both after a softmax and before
 the same pipelines; the floor is the unfiltered one (a row can be filtered in the pass that
 reads it).
+Accepting rows (ACCEPTING_SHAPES, modes "random+dscale1+dnoise0.1"): drafts close to the
+target (bench_sampling.make_inputs' draft scale 1, noise 0.1: ~0.88 of the steps pass against
+~0.35 at the defaults), so most requests accept every draft and draw their bonus token, or
+reject late: the regime of a good draft model, where the default inputs reject early (their
+n-gram and greedy drafts accept none). Every row carries ``accepted``: the drafts a request
+accepted, the mean over the batch, from specops' own output on the shape's inputs.
 Floor (ANCHORS.md): every target and bonus logit row read once, plus one residual row
 pair per request (random: target and draft rows; n-gram: the target row; greedy: none):
 4 V (T + B + r B) bytes, r = 2 random, 1 n-gram, 0 greedy, over the copy bandwidth.
@@ -75,16 +81,25 @@ ANCHOR_LABEL = "FlashInfer full (ANCHORS.md, H100)"
 FILTERED_SHAPES = [(64, 4, 128256, "random", 50, 0.9), (16, 4, 128256, "random", 50, 0.9),
                    (1, 4, 128256, "random", 50, 0.9), (64, 4, 128256, "random", None, 0.9)]
 QUICK_FILTERED_SHAPES = [(8, 3, 5000, "random", 50, 0.9), (8, 3, 5000, "random", None, 0.9)]
+# (B, k, V, mode, top_k, top_p, (draft scale, draft noise)): drafts that mostly pass.
+CLOSE_DRAFTS = (1.0, 0.1)
+ACCEPTING_SHAPES = [(64, 4, 128256, "random", None, None, CLOSE_DRAFTS),
+                    (16, 4, 128256, "random", None, None, CLOSE_DRAFTS),
+                    (64, 4, 32000, "random", None, None, CLOSE_DRAFTS)]
+QUICK_ACCEPTING_SHAPES = [(8, 3, 5000, "random", None, None, CLOSE_DRAFTS)]
 
 
-def row_mode(mode: str, top_k: int | None, top_p: float | None) -> str:
-    """A row's mode: the drafts' mode, then the filters (random+topk50+topp0.9)."""
-    return mode + (f"+topk{top_k}" if top_k else "") + (f"+topp{top_p}" if top_p else "")
+def row_mode(mode: str, top_k: int | None, top_p: float | None, drafts: tuple[float, float] | None = None) -> str:
+    """A row's mode: the drafts' mode, then the filters (random+topk50+topp0.9), then the
+    drafts' scale and noise where not the defaults (random+dscale1+dnoise0.1)."""
+    return (mode + (f"+topk{top_k}" if top_k else "") + (f"+topp{top_p}" if top_p else "")
+            + (f"+dscale{drafts[0]:g}+dnoise{drafts[1]:g}" if drafts else ""))
 
 
-def shape_label(B: int, k: int, V: int, mode: str, top_k: int | None, top_p: float | None) -> str:
+def shape_label(B: int, k: int, V: int, mode: str, top_k: int | None, top_p: float | None,
+                drafts: tuple[float, float] | None = None) -> str:
     """A shape as --shapes names it: B:k:V:mode, the mode as its rows carry it."""
-    return f"{B}:{k}:{V}:{row_mode(mode, top_k, top_p)}"
+    return f"{B}:{k}:{V}:{row_mode(mode, top_k, top_p, drafts)}"
 
 
 def pick_shapes(shapes: list, names: str) -> list:
@@ -172,9 +187,10 @@ def graph_time_us(fn, device, iters: int, queued: bool = False) -> float:
 
 
 def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters, top_k=None, top_p=None,
-                rounds=EAGER_ROUNDS) -> list[dict]:
+                rounds=EAGER_ROUNDS, drafts=None) -> list[dict]:
     B, k, V = x.shape
-    mode = row_mode(x.mode, top_k, top_p)
+    mode = row_mode(x.mode, top_k, top_p, drafts)
+    accepted = None  # the drafts a request accepted (batch mean), from the first specops output
     calls: dict[str, tuple] = {}  # impl -> (call, note), timed together below
 
     def add(impl: str, fn, note: str = "") -> None:
@@ -195,10 +211,13 @@ def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters, top_k=None,
         for suffix, call_args, small_args in variants:
             impl = f"specops-{backend}{suffix}"
             run = functools.partial(specops.verify, *call_args, backend=backend, validate=False)
+            whole = run() if device.type != "cpu" or accepted is None else None
+            if accepted is None:  # the whole batch's, from the first backend's output
+                accepted = whole[1].float().mean().item()
             if device.type == "cpu":
                 got = specops.verify(*small_args, backend=backend, validate=False)
             else:  # the first requests of the full batch: same seeds and positions as `small`
-                got = tuple(t[: small[4].shape[0]] for t in run()[:2])
+                got = tuple(t[: small[4].shape[0]] for t in whole[:2])
             note = "temperature=None" if call_args[5] is None else ""
             if not all(torch.equal(g.cpu(), w) for g, w in zip(got[:2], want[:2])):
                 print(f"*** MISMATCH: {impl} B={B} k={k} V={V} {mode} differs from the reference")
@@ -225,6 +244,8 @@ def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters, top_k=None,
         row = {"bench": "verify", "impl": impl, "B": B, "k": k, "V": V, "mode": mode,
                "us": round(statistics.median(times[impl]), 2), "us_rounds": [round(t, 1) for t in times[impl]],
                "floor_us": round(floor_bytes(B, k, V, x.mode) / copy_bw_tbs / 1e6, 2)}
+        if accepted is not None:
+            row["accepted"] = round(accepted, 3)
         if impl.startswith("specops") and device.type == "cuda":
             row["us_graph"] = round(graph_time_us(fn, device, iters), 2)
             row["us_graph_queued"] = round(graph_time_us(fn, device, iters, queued=True), 2)
@@ -262,20 +283,24 @@ def main() -> None:
     flashinfer = None if args.no_flashinfer or device.type != "cuda" else import_flashinfer()
     rows = []
     plain = QUICK_SHAPES if args.quick else SHAPES
-    shapes = [] if args.only_filtered else [(*shape, None, None) for shape in plain]
-    shapes += QUICK_FILTERED_SHAPES if args.quick else FILTERED_SHAPES
+    shapes = [] if args.only_filtered else [(*shape, None, None, None) for shape in plain]
+    shapes += [(*shape, None) for shape in (QUICK_FILTERED_SHAPES if args.quick else FILTERED_SHAPES)]
+    if not args.only_filtered:
+        shapes += QUICK_ACCEPTING_SHAPES if args.quick else ACCEPTING_SHAPES
     if args.shapes:
         try:
             shapes = pick_shapes(shapes, args.shapes)
         except ValueError as error:
             parser.error(str(error))
-    for B, k, V, mode, top_k, top_p in shapes:
+    for B, k, V, mode, top_k, top_p, drafts in shapes:
         # Each shape's inputs from the same seed: the torch pipeline's draws consume the global
         # generator, so without it a row's data hung on how many calls the shapes before it
         # timed (the B=256 Triton row read 213-247 µs between runs for its data; NOTES).
         torch.manual_seed(0)
-        x = make_inputs(B, k, V, mode, device, flashinfer is not None)
-        rows += bench_shape(x, device, backends, flashinfer, env["copy_bw_tbs"], args.iters, top_k, top_p, args.rounds)
+        closeness = dict(zip(("draft_scale", "draft_noise"), drafts)) if drafts else {}
+        x = make_inputs(B, k, V, mode, device, flashinfer is not None, **closeness)
+        rows += bench_shape(x, device, backends, flashinfer, env["copy_bw_tbs"], args.iters, top_k, top_p, args.rounds,
+                            drafts)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print()
@@ -285,7 +310,7 @@ def main() -> None:
         if "us_graph" in row:
             print(f"graph replay  B={row['B']:>3} k={row['k']} V={row['V']:>6} {row['mode']:>6} {row['impl']:>15}: "
                   f"{row['us_graph']:.1f} us ({row['us_graph'] / row['floor_us']:.2f}x floor), "
-                  f"queued {row['us_graph_queued']:.1f} us")
+                  f"queued {row['us_graph_queued']:.1f} us, {row.get('accepted', float('nan')):.2f} accepted")
     path = common.write_results("verify", env, rows, args.out)
     print(f"wrote {path}")
     try:

@@ -120,23 +120,49 @@ def test_timeline_of_a_tagged_shape_runs_the_set_constants(monkeypatch):
 
 def test_bench_verify_shapes_are_named_apart_as_their_rows():
     """bench_verify --shapes names a shape B:k:V:mode with the mode its rows carry: every plain
-    and filtered shape (full and quick) gets a label of its own, so --shapes picks one shape
-    each, and a filtered one's label ends in the filters its rows' mode lists."""
-    for plain, filtered in ((bench_verify.SHAPES, bench_verify.FILTERED_SHAPES),
-                            (bench_verify.QUICK_SHAPES, bench_verify.QUICK_FILTERED_SHAPES)):
-        shapes = [(*shape, None, None) for shape in plain] + list(filtered)
+    and filtered shape and every shape of close drafts (full and quick) gets a label of its
+    own, so --shapes picks one shape each; a filtered one's label ends in the filters its
+    rows' mode lists, an accepting one's in its drafts' scale and noise."""
+    for plain, filtered, accepting in (
+            (bench_verify.SHAPES, bench_verify.FILTERED_SHAPES, bench_verify.ACCEPTING_SHAPES),
+            (bench_verify.QUICK_SHAPES, bench_verify.QUICK_FILTERED_SHAPES, bench_verify.QUICK_ACCEPTING_SHAPES)):
+        shapes = [(*shape, None, None) for shape in plain] + list(filtered) + list(accepting)
         labels = [bench_verify.shape_label(*shape) for shape in shapes]
         assert len(set(labels)) == len(labels), labels
     assert bench_verify.shape_label(64, 4, 128256, "random", 50, 0.9) == "64:4:128256:random+topk50+topp0.9"
     assert bench_verify.shape_label(1, 4, 128256, "ngram", None, None) == "1:4:128256:ngram"
+    assert (bench_verify.shape_label(16, 4, 128256, "random", None, None, (1.0, 0.1))
+            == "16:4:128256:random+dscale1+dnoise0.1")
+
+
+def test_bench_verify_rows_carry_the_drafts_accepted():
+    """Every row of a bench_verify shape carries ``accepted``, the mean drafts a request
+    accepted in specops' output on the shape's inputs (here the CPU kernel's, which equals the
+    reference's), and close drafts accept more of them than the default ones."""
+    cpu = torch.device("cpu")
+    accepted = {}
+    for drafts in (None, bench_verify.CLOSE_DRAFTS):
+        torch.manual_seed(0)
+        closeness = dict(zip(("draft_scale", "draft_noise"), drafts)) if drafts else {}
+        x = bench_sampling.make_inputs(16, 3, 512, "random", cpu, for_flashinfer=False, **closeness)
+        rows = bench_verify.bench_shape(x, cpu, ["cpu"], None, 1.0, 2, rounds=1, drafts=drafts)
+        want = bench_verify.reference_verify(*bench_verify.verify_args(x, cpu))[1].float().mean().item()
+        assert {row["impl"] for row in rows} == {"specops-cpu", "torch-eager"}
+        assert all(row["accepted"] == round(want, 3) for row in rows), (rows, want)
+        assert all(row["mode"] == bench_verify.row_mode("random", None, None, drafts) for row in rows)
+        accepted[drafts] = want
+    assert accepted[bench_verify.CLOSE_DRAFTS] > accepted[None] + 0.8, accepted
 
 
 def test_bench_verify_shapes_picks_the_named_and_rejects_an_unknown_name():
     """--shapes keeps the named shapes in the benchmark's order, and a name that is none of
     them (a typo) is an error naming it, not a shape silently left out of the run."""
-    shapes = [(*shape, None, None) for shape in bench_verify.SHAPES] + list(bench_verify.FILTERED_SHAPES)
-    picked = bench_verify.pick_shapes(shapes, "64:4:128256:random+topp0.9,1:4:128256:ngram")
-    assert [bench_verify.shape_label(*s) for s in picked] == ["1:4:128256:ngram", "64:4:128256:random+topp0.9"]
+    shapes = ([(*shape, None, None, None) for shape in bench_verify.SHAPES]
+              + [(*shape, None) for shape in bench_verify.FILTERED_SHAPES] + list(bench_verify.ACCEPTING_SHAPES))
+    picked = bench_verify.pick_shapes(shapes, "64:4:128256:random+topp0.9,1:4:128256:ngram,"
+                                              "16:4:128256:random+dscale1+dnoise0.1")
+    assert [bench_verify.shape_label(*s) for s in picked] == ["1:4:128256:ngram", "64:4:128256:random+topp0.9",
+                                                              "16:4:128256:random+dscale1+dnoise0.1"]
     with pytest.raises(ValueError, match="64:4:128256:randm"):
         bench_verify.pick_shapes(shapes, "1:4:128256:ngram,64:4:128256:randm")
 
