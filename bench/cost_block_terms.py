@@ -115,9 +115,13 @@ def shipped_max_pass(rows: torch.Tensor, batch: int):
     part = [torch.empty(num_rows, num_splits, dtype=dt, device=rows.device)
             for dt in (torch.float32, torch.int32, torch.float32)]
 
+    # The tests' arguments: stand-ins, never read without TESTS (as the launcher passes them).
+    stand_ins = (part[0], part[1], cu, part[0], torch.zeros(batch, dtype=torch.int64, device=rows.device),
+                 torch.zeros(batch, dtype=torch.int64, device=rows.device))
+
     def call():
-        row_max_kernel[(num_rows, num_splits)](*part, part[0], target, bonus, cu, temperature, num_tokens, vocab, width,
-                                               split_len, ALL_GREEDY=False, BLOCK_V=tv.BLOCK_V,
+        row_max_kernel[(num_rows, num_splits)](*part, part[0], target, bonus, cu, temperature, *stand_ins, num_tokens,
+                                               vocab, width, split_len, ALL_GREEDY=False, BLOCK_V=tv.BLOCK_V,
                                                num_warps=tv.NUM_WARPS,
                                                maxnreg=tv.REGISTERS_PER_SM // (tv.ROW_MAX_RESIDENT * tv.NUM_WARPS * 32)
                                                // 8 * 8)
