@@ -35,6 +35,7 @@ bench_sampling = load_bench("bench_sampling")
 ab_verify = load_bench("ab_verify")
 timeline_verify = load_bench("timeline_verify")
 bench_verify = load_bench("bench_verify")
+proposal_rounds = load_bench("proposal_rounds")
 
 
 def test_time_in_turns_times_every_call_once_a_round_in_turn():
@@ -152,6 +153,19 @@ def test_bench_verify_rows_carry_the_drafts_accepted():
         assert all(row["mode"] == bench_verify.row_mode("random", None, None, drafts) for row in rows)
         accepted[drafts] = want
     assert accepted[bench_verify.CLOSE_DRAFTS] > accepted[None] + 0.8, accepted
+
+
+def test_proposal_rounds_count_every_residual_draw_as_the_reference_ends_it():
+    """bench/proposal_rounds.py counts, for each residual draw of a call, the round of the
+    proposal the reference keeps (0: none, the residual pass), in step with the reference's
+    own proposals (it raises otherwise); close drafts leave a smaller residual mass."""
+    default = proposal_rounds.count(16, 3, 512, None)
+    close = proposal_rounds.count(16, 3, 512, bench_verify.CLOSE_DRAFTS)
+    for c in (default, close):
+        assert sum(c["rounds"].values()) == c["residual"] > 0
+        assert set(c["rounds"]) <= set(range(5))
+    assert close["mass"] < default["mass"] and close["accepted"] > default["accepted"]
+    assert default["rounds"].get(1, 0) >= default["residual"] // 2  # a residual mass ~0.6: mostly round 1
 
 
 def test_bench_verify_shapes_picks_the_named_and_rejects_an_unknown_name():
