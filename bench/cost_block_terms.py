@@ -32,10 +32,10 @@ import common
 from specops.reference import repro_math
 from specops.triton_kernels import verify as tv
 from specops.triton_kernels.verify_math import INDEX_MAX, LOG2E, fixed_exp
+from specops.triton_kernels.verify_rows import row_max_kernel
 
 TERMS = {"none": 0, "exact": 1, "envelope": 2}
-ENVELOPE_BITS = tl.constexpr(40)  # the largest entry of a block weighs 2^40 (or up to 2^41 under the bound)
-from specops.triton_kernels.verify_rows import row_max_kernel
+ENVELOPE_BITS = tl.constexpr(40)  # a block's largest entries' term is 2^40; twice a term bounds its weight
 
 
 @triton.jit
