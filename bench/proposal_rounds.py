@@ -1,4 +1,5 @@
-"""How the residual draws of one verify call end, counted on the reference (CPU): for each
+"""How the residual draws of one verify call end, counted on the reference (CPU; its
+kept_proposal wrapped to record the index it returns): for each
 request that rejects with draft probs, which of its RESIDUAL_PROPOSALS proposals was kept (by
 round of PROPOSAL_ROUND) or whether none was and the residual pass draws the token, and the
 residual mass sum(R) / sum(W) of its row. The inputs are bench_verify's (bench_sampling.make_inputs
@@ -24,45 +25,25 @@ from specops.reference import verify as reference
 PROPOSAL_ROUND = 4  # triton_kernels/verify.py's, screened calls
 
 
-def kept_proposal(weights: torch.Tensor, residual: torch.Tensor, seed: int, position: int) -> tuple:
-    """(index, token) of the proposal reference.propose_residual keeps ((None, None): none), by
-    the same words and tests."""
-    total = int(weights.sum())
-    if total == 0:
-        return None, None
-    cumulative = torch.cumsum(weights, 0)
-    words = [int(w) for w in reference._words(seed, position, reference.philox.PURPOSE_PROPOSE,
-                                              4 * reference.RESIDUAL_PROPOSALS)]
-    for t in range(reference.RESIDUAL_PROPOSALS):
-        a0, a1, a2, a3 = words[4 * t: 4 * t + 4]
-        token = int(torch.searchsorted(cumulative, reference._mulhi64(a0 | (a1 << 32), total), right=True))
-        if reference._mulhi64(a2 | (a3 << 32), int(weights[token])) < int(residual[token]):
-            return t, token
-    return None, None
-
-
 def count(B: int, k: int, V: int, drafts: tuple[float, float] | None) -> dict:
     """One verify call's residual draws on bench_verify's inputs: accepted mean, bonus draws,
     the kept proposals' rounds (0: none kept, the residual pass) and the median residual mass."""
     seen = []
-    propose = reference.propose_residual
+    keep = reference.kept_proposal
 
-    def counting(weights, residual, seed, position):
-        index, token = kept_proposal(weights, residual, seed, position)
-        kept = propose(weights, residual, seed, position)
-        if kept != token:  # this copy of the procedure no longer the reference's
-            raise AssertionError(f"proposal count out of step with the reference: {token} != {kept}")
-        seen.append((index, float(residual.double().sum() / weights.double().sum())))
+    def counting(weights, residual, seed, position):  # the reference's own, its index recorded
+        kept = keep(weights, residual, seed, position)
+        seen.append((None if kept is None else kept[0], float(residual.double().sum() / weights.double().sum())))
         return kept
 
     torch.manual_seed(0)
     closeness = dict(zip(("draft_scale", "draft_noise"), drafts)) if drafts else {}
     x = make_inputs(B, k, V, "random", torch.device("cpu"), False, **closeness)
-    reference.propose_residual = counting
+    reference.kept_proposal = counting
     try:
         _out, accepted, _ = reference.verify(*bench_verify.verify_args(x, torch.device("cpu")))
     finally:
-        reference.propose_residual = propose
+        reference.kept_proposal = keep
     rounds = collections.Counter(0 if t is None else t // PROPOSAL_ROUND + 1 for t, _ in seen)
     masses = sorted(m for _, m in seen)
     return {"accepted": accepted.float().mean().item(), "bonus": int((accepted == k).sum()), "residual": len(seen),

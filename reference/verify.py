@@ -150,10 +150,11 @@ def _mulhi64(x: int, m: int) -> int:
     return (x * m) >> 64
 
 
-def propose_residual(weights: torch.Tensor, residual: torch.Tensor, seed: int, position: int) -> int | None:
-    """The first accepted proposal of a residual draw (module docstring): proposals drawn by
-    inversion from the normaliser's masses ``weights`` [V], each kept with probability
-    residual / weights at its token; None when none is kept (or the weights sum to 0)."""
+def kept_proposal(weights: torch.Tensor, residual: torch.Tensor, seed: int, position: int) -> tuple[int, int] | None:
+    """(t, token) of the first accepted proposal of a residual draw (module docstring), t its
+    index among the RESIDUAL_PROPOSALS: proposals drawn by inversion from the normaliser's
+    masses ``weights`` [V], each kept with probability residual / weights at its token; None
+    when none is kept (or the weights sum to 0)."""
     total = int(weights.sum())
     if total == 0:
         return None
@@ -164,8 +165,14 @@ def propose_residual(weights: torch.Tensor, residual: torch.Tensor, seed: int, p
         u = _mulhi64(a0 | (a1 << 32), total)
         token = int(torch.searchsorted(cumulative, u, right=True))
         if _mulhi64(a2 | (a3 << 32), int(weights[token])) < int(residual[token]):
-            return token
+            return t, token
     return None
+
+
+def propose_residual(weights: torch.Tensor, residual: torch.Tensor, seed: int, position: int) -> int | None:
+    """The token of kept_proposal (None when no proposal is kept)."""
+    kept = kept_proposal(weights, residual, seed, position)
+    return None if kept is None else kept[1]
 
 
 def sample_masses(masses: torch.Tensor, seed: int, position: int) -> int:

@@ -157,8 +157,8 @@ def test_bench_verify_rows_carry_the_drafts_accepted():
 
 def test_proposal_rounds_count_every_residual_draw_as_the_reference_ends_it():
     """bench/proposal_rounds.py counts, for each residual draw of a call, the round of the
-    proposal the reference keeps (0: none, the residual pass), in step with the reference's
-    own proposals (it raises otherwise); close drafts leave a smaller residual mass."""
+    proposal the reference keeps (0: none, the residual pass), as the reference's kept_proposal
+    reports it; close drafts leave a smaller residual mass."""
     default = proposal_rounds.count(16, 3, 512, None)
     close = proposal_rounds.count(16, 3, 512, bench_verify.CLOSE_DRAFTS)
     for c in (default, close):
