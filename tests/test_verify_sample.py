@@ -13,7 +13,7 @@ import torch
 from conftest import HAS_CUDA
 from specops.backend import Backend, triton_available
 from specops.reference import verify as reference_verify
-from verify_inputs import assert_matches_reference, make_inputs, rejecting_first_drafts
+from verify_inputs import assert_matches_reference, assert_tokens_match_reference, make_inputs, rejecting_first_drafts
 
 DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else [])
 needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton")
@@ -152,8 +152,9 @@ def test_triton_draw_across_blocks_matches_reference(ngram, with_top, monkeypatc
                         ("MASS_BLOCK", 8)):
         monkeypatch.setattr(triton_verify, name, value)
     vocab = 150
-    # The residual pass: 3 programs of 64 entries a row (the last one 22).
-    assert triton_verify.wave_split_len(5, vocab, torch.device("cpu"), triton_verify.RESIDUAL_RESIDENT, 16) == 64
+    # The residual pass: 16 programs over rows of 10 blocks: one request left to sample
+    # gets 10 splits of a block, two get 8 of two blocks (the last three empty), three 5.
+    assert triton_verify.residual_programs(5, vocab, torch.device("cpu")) == 16
     for seed in range(2 if with_top else 3):  # with top-k/top-p: one spread and one peaked row set (CI time)
         g = torch.Generator().manual_seed(100 + seed)
         inputs = make_inputs([2, 0, 3, 1, 4], vocab, seed=seed, greedy_fraction=0.0, ngram=ngram, with_top=with_top)
@@ -177,29 +178,35 @@ class _GarbageTorch:
         return torch.empty(size, dtype=dtype, device=device)
 
 
-@needs_triton
-@pytest.mark.parametrize("with_top,path", [(False, "proposal"), (False, "direct"), (True, "direct")],
-                         ids=["plain-proposal", "plain-direct", "top-direct"])  # top + proposal: test_verify_ops.py
-def test_triton_residual_draw_in_every_request(with_top, path, monkeypatch):
+@needs_triton  # top + proposal: test_verify_ops.py
+@pytest.mark.parametrize("with_top,path,programs", [(False, "proposal", 64), (False, "direct", 64),
+                                                    (False, "direct", 3), (True, "direct", 64)],
+                         ids=["plain-proposal", "plain-direct", "plain-direct-3", "top-direct"])
+def test_triton_residual_draw_in_every_request(with_top, path, programs, monkeypatch):
     """Four random requests reject their first draft (p ~ 0 there, q well above it): each
     draws its residual token. "proposal": q ~ 1 at the draft, so the residual is nearly p
     and a proposal is kept (in the decisions, 4-entry mass blocks);
     "direct": q is p but for 1e-3 moved onto the draft, so the residual mass is ~1e-3 of
-    W, no proposal is kept, and the residual pass draws, its row cut into 10 programs whose
-    last arrival draws. A greedy request and one without drafts leave their programs idle.
-    int32 workspaces start as garbage: the decisions zero the arrival counters, no memset
-    (CPU, interpreter: the programs run one at a time, in one order)."""
+    W, no proposal is kept, and the residual pass draws: with 64 programs each of the four
+    rows (19 blocks) is cut into 16 splits of 2 blocks (the last 6 empty) whose last
+    arrival draws; with 3 programs, fewer than the requests, each row is one split and
+    program 0 takes the first and the fourth. A greedy request and one without drafts
+    leave the programs to the others. int32 workspaces start as garbage: the decisions
+    zero the arrival counters, no memset (CPU, interpreter: the programs run one at a time,
+    in one order)."""
     from specops.triton_kernels import verify as triton_verify
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
-                        ("RESIDUAL_RESIDENT", 16), ("MASS_BLOCK", 4)):
+                        ("RESIDUAL_RESIDENT", programs // 4 if programs > 4 else programs), ("MASS_BLOCK", 4)):
         monkeypatch.setattr(triton_verify, name, value)
+    if programs <= 4:
+        monkeypatch.setattr(triton_verify, "CPU_NUM_SMS", 1)
     monkeypatch.setattr(triton_verify, "torch", _GarbageTorch())
     counts, vocab = [2, 1, 0, 3, 1, 2], 300
     inputs = make_inputs(counts, vocab, seed=11, greedy_fraction=0.0, with_top=with_top)
     inputs["temperature"][4] = 0.0
     inputs = rejecting_first_drafts(inputs, path)
-    assert triton_verify.wave_split_len(len(counts), vocab, torch.device("cpu"), 16, 16) == 32  # 10 programs a row
+    assert triton_verify.residual_programs(len(counts), vocab, torch.device("cpu")) == programs
     proposals = []
     propose = reference_verify.propose_residual
     monkeypatch.setattr(reference_verify, "propose_residual", lambda *a: proposals.append(propose(*a)) or proposals[-1])
@@ -207,3 +214,29 @@ def test_triton_residual_draw_in_every_request(with_top, path, monkeypatch):
     assert num_accepted.tolist() == [0] * len(counts)  # request 2: its bonus; 4: greedy
     assert len(proposals) == 4 and all((token is not None) == (path == "proposal") for token in proposals)
     assert_matches_reference(inputs, 3, "cpu", Backend.TRITON)
+
+
+@needs_triton
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("batch,vocab", [(3, 128256), (600, 4096)], ids=["few-requests", "more-than-programs"])
+def test_gpu_residual_pass_shares_its_programs(batch, vocab, monkeypatch):
+    """On the GPU, the launcher's own layout (RESIDUAL_RESIDENT programs a SM), every
+    random request's first draft rejected with no proposal kept ("direct"): 3 requests at
+    V = 128256 share the programs, each row cut into 63 one-block splits whose arrivals race
+    at once; 600 requests at V = 4096 outnumber the programs, one split a row, a program
+    taking several. Both calls (log-probabilities: the screen launch; tokens only: the max
+    pass's tests) return the reference's tokens."""
+    from specops.triton_kernels import verify as triton_verify
+
+    device = torch.device("cuda")
+    programs = triton_verify.residual_programs(batch, vocab, device)
+    assert (programs > batch) == (batch == 3)
+    inputs = rejecting_first_drafts(make_inputs([1 + b % 3 for b in range(batch)], vocab, seed=batch,
+                                                greedy_fraction=0.1, with_top=False), "direct")
+    proposals = []
+    propose = reference_verify.propose_residual
+    monkeypatch.setattr(reference_verify, "propose_residual", lambda *a: proposals.append(propose(*a)) or proposals[-1])
+    assert_matches_reference(inputs, 3, "cuda", Backend.TRITON)
+    assert len(proposals) == int((inputs["temperature"] > 0).sum()) and all(token is None for token in proposals)
+    assert_tokens_match_reference(inputs, 3, "cuda", Backend.TRITON)

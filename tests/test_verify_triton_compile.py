@@ -36,7 +36,7 @@ INT_POINTER_SUFFIXES = ("state_ptr", "agg_ptr", "sum_ptr", "sum2_ptr", "mass_ptr
 SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_round", "num_splits", "sum_splits",
            "batch", "kept_rows", "keep_limit"}
 FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_LOGPROBS": True, "BLOCK_S": 64,
-         "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64, "MASS_BLOCK": 128, "PROPOSAL_ROUND": 4, "UNROLL": 4,
+         "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64, "BLOCK_R": 64, "MASS_BLOCK": 128, "PROPOSAL_ROUND": 4, "UNROLL": 4,
          "PDL": False}
 
 CASES = [

@@ -84,8 +84,9 @@ from .verify_unscreened import packed_departures, row_counters, row_max_sum_kern
 BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
 SUM_WARPS = 4
 RESIDUAL_WARPS = 8
-# The exact normaliser and the residual masses run about one row per request: their splits
-# are sized from a count of programs per SM, floor(count * SMs / B) splits a row. The
+# The exact normaliser runs about one row per request: its splits are sized from a count of
+# programs per SM, floor(count * SMs / B) splits a row; the residual pass runs count * SMs
+# programs shared by the few requests left to sample (verify_sample.py). The
 # normaliser's count, 12, is a sweep's (6 / 9 / 12 / 16 with its (request, split) grid, which
 # compiles to 64 registers a thread at 4 warps, 8 programs per SM: so 1.5 waves): against 9,
 # B = 64 n-gram 85.4 -> 82.7 µs, random 93.8 -> 90.5, B = 256 345 -> 320, B = 16 33.7 ->
@@ -95,6 +96,7 @@ RESIDUAL_WARPS = 8
 # one register, outside the loop: sm_90, Triton 3.6.
 SUM_RESIDENT = 12
 RESIDUAL_RESIDENT = 4
+RESIDUAL_SCAN = 1024  # requests the residual pass reads at a time to find those left to sample
 REGISTERS_PER_SM = 65536
 RESIDUAL_MAX_REGISTERS = REGISTERS_PER_SM // (RESIDUAL_RESIDENT * RESIDUAL_WARPS * 32)
 NUM_WARPS = 8
@@ -230,6 +232,13 @@ def split_len_for(num_rows: int, vocab: int, device: torch.device) -> int:
     wanted = cdiv(PROGRAMS_PER_SM * multiprocessor_count(device, CPU_NUM_SMS), max(num_rows, 1))
     num_splits = max(1, min(wanted, num_blocks // max(1, MIN_SPLIT_LEN // BLOCK_V)))
     return cdiv(num_blocks, num_splits) * BLOCK_V
+
+
+def residual_programs(batch: int, vocab: int, device: torch.device) -> int:
+    """Programs of the residual pass: RESIDUAL_RESIDENT per SM, no more than every
+    request's every BLOCK_V block (verify_sample.residual_sample_kernel shares them among
+    the requests left to sample)."""
+    return max(1, min(RESIDUAL_RESIDENT * multiprocessor_count(device, CPU_NUM_SMS), batch * cdiv(vocab, BLOCK_V)))
 
 
 def kept_layout(num_programs: int, split_len: int, block: int, wanted_rows: int | None = None,
@@ -504,12 +513,11 @@ def launch_verify(
         return out, num_accepted, logprobs
     num_blocks = cdiv(vocab, BLOCK_V)
     block_mass = empty(batch, num_blocks, dtype=torch.int64)
-    mass_split_len = wave_split_len(batch, vocab, device, RESIDUAL_RESIDENT, BLOCK_V)
-    residual_sample_kernel[(batch, cdiv(vocab, mass_split_len))](
+    residual_sample_kernel[(residual_programs(batch, vocab, device),)](
         out, logprobs if return_logprobs else out, block_mass, arrivals, sample_float, sample_int, target_logits,
-        bonus_logits, draft_probs, cu_num_draft_tokens, seeds, num_tokens, vocab, width, mass_split_len,
+        bonus_logits, draft_probs, cu_num_draft_tokens, seeds, num_tokens, vocab, width, batch,
         HAS_TOP_P=has_top_p, RETURN_LOGPROBS=return_logprobs, BLOCK_V=BLOCK_V,
-        BLOCK_B=next_power_of_2(num_blocks),
+        BLOCK_B=next_power_of_2(num_blocks), BLOCK_R=min(next_power_of_2(batch), RESIDUAL_SCAN),
         num_warps=RESIDUAL_WARPS, maxnreg=RESIDUAL_MAX_REGISTERS, **exact,
     )
     return out, num_accepted, logprobs

@@ -162,19 +162,56 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
     return token
 
 
-# Grid (batch, num_splits). Program (b, s), when request b stopped on a rejection with draft
-# probs (sample_int), stores the residual masses' sum of each block of its split, then counts
-# itself in arrivals[b] (zeroed by decide_kernel); the last of request b's programs to arrive
-# draws the token from all the block sums (draw_token) and writes it (and its
-# log-probability). Bytes: that row and its draft-probs row once over all splits, then the
-# block sums and one block of both; nothing for other requests.
+@triton.jit
+def _waiting_requests(sample_int_ptr, batch, BLOCK_R: tl.constexpr):
+    """The number of requests decide_kernel left to sample (sample_int step >= 0)."""
+    waiting = tl.zeros([], tl.int32)
+    first = tl.zeros([], tl.int32)
+    while first < batch:
+        r = first + tl.arange(0, BLOCK_R)
+        step = tl.load(sample_int_ptr + r.to(tl.int64) * SAMPLE_INTS, mask=r < batch, other=-1)
+        waiting += tl.sum((step >= 0).to(tl.int32), axis=0)
+        first += BLOCK_R
+    return waiting
+
+
+@triton.jit
+def _nth_waiting(sample_int_ptr, batch, nth, BLOCK_R: tl.constexpr):
+    """The request left to sample whose rank among those, in request order, is ``nth``
+    (from 0; < the number of them)."""
+    b = tl.zeros([], tl.int32)
+    seen = tl.zeros([], tl.int32)
+    first = tl.zeros([], tl.int32)
+    while (first < batch) & (seen <= nth):
+        r = first + tl.arange(0, BLOCK_R)
+        waiting = tl.load(sample_int_ptr + r.to(tl.int64) * SAMPLE_INTS, mask=r < batch, other=-1) >= 0
+        rank = seen + tl.cumsum(waiting.to(tl.int32), axis=0) - 1
+        b += tl.sum(tl.where(waiting & (rank == nth), r, 0), axis=0)
+        seen += tl.sum(waiting.to(tl.int32), axis=0)
+        first += BLOCK_R
+    return b
+
+
+# Grid (programs,), about RESIDUAL_RESIDENT a SM. The requests decide_kernel left to sample
+# (a rejection with draft probs where no proposal was kept: sample_int) share the programs:
+# with n of them each row is cut into splits = min(programs // n, its BLOCK_V blocks) (at
+# least 1) of whole blocks, and program p takes the (request, split) items p, p + programs,
+# ... of the n * splits, requests in request order. An item stores the residual masses' sum
+# of each block of its split, then counts itself in arrivals[b] (zeroed by decide_kernel);
+# the last of request b's splits to arrive draws the token from all the block sums
+# (draw_token) and writes it (and its log-probability). The block sums, so the token, do
+# not depend on the splits. So one rejected row is read by up to a block a program across
+# the GPU, where a grid of (batch, splits) gave it programs // batch (B = 64: 8 programs of
+# 8 blocks each, one after another). Bytes: the sample_int column, then those rows and
+# their draft-probs rows once, the block sums and one block of both; nothing for other
+# requests.
 @direct_launch
-@triton.jit(do_not_specialize=["num_tokens", "width"])  # vocab % 16 == 0: vector loads
+@triton.jit(do_not_specialize=["num_tokens", "width", "batch"])  # vocab % 16 == 0: vector loads
 def residual_sample_kernel(
     out_ptr,  # [batch, width] int32
     logprobs_ptr,  # [batch, width] float32 (RETURN_LOGPROBS)
     block_mass_ptr,  # [batch, cdiv(vocab, BLOCK_V)] int64, written
-    arrivals_ptr,  # [batch] int32: 0 on entry (decide_kernel), num_splits on exit where drawn
+    arrivals_ptr,  # [batch] int32: 0 on entry (decide_kernel), the splits on exit where drawn
     sample_float_ptr,  # [batch, SAMPLE_FLOATS] float32
     sample_int_ptr,  # [batch, SAMPLE_INTS] int64
     target_ptr,  # [num_tokens, vocab]
@@ -185,28 +222,34 @@ def residual_sample_kernel(
     num_tokens,
     vocab,
     width,
-    split_len,  # a multiple of BLOCK_V
+    batch,
     HAS_TOP_P: tl.constexpr,
     RETURN_LOGPROBS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_B: tl.constexpr,  # >= the number of blocks
+    BLOCK_R: tl.constexpr,  # requests read at a time from sample_int (a power of two)
     PDL: tl.constexpr = False,
 ):
     chain_launch(PDL)
-    b = tl.program_id(0)
-    split = tl.program_id(1)
-    sample_int = sample_int_ptr + b.to(tl.int64) * SAMPLE_INTS
-    step = tl.load(sample_int)
-    if step >= 0:
+    programs = tl.num_programs(0)
+    waiting = _waiting_requests(sample_int_ptr, batch, BLOCK_R)
+    num_blocks = tl.cdiv(vocab, BLOCK_V)
+    splits = tl.minimum(tl.maximum(programs // tl.maximum(waiting, 1), 1), num_blocks)
+    split_blocks = tl.cdiv(num_blocks, splits)
+    item = tl.program_id(0)
+    while item < waiting * splits:
+        b = _nth_waiting(sample_int_ptr, batch, item // splits, BLOCK_R)
+        sample_int = sample_int_ptr + b.to(tl.int64) * SAMPLE_INTS
+        step = tl.load(sample_int)
         max_logit, temperature, kth, z1, p_min, z2, row_ptr, q_row_ptr = _sampled_row(
             b, step, sample_float_ptr, target_ptr, bonus_ptr, draft_probs_ptr, cu_ptr, num_tokens, vocab, width)
-        blocks = block_mass_ptr + b.to(tl.int64) * tl.cdiv(vocab, BLOCK_V)
+        blocks = block_mass_ptr + b.to(tl.int64) * num_blocks
         params = (max_logit, temperature, kth, z1, p_min, z2)
         scale = exponent_scale(temperature)
-        v_begin = split * split_len
-        offset = 0
-        while offset < split_len:
-            v = v_begin + offset + tl.arange(0, BLOCK_V)
+        block = (item % splits) * split_blocks
+        last_block = tl.minimum(block + split_blocks, num_blocks)
+        while block < last_block:
+            v = block * BLOCK_V + tl.arange(0, BLOCK_V)
             in_row = v < vocab
             z = load_logits(row_ptr, v, in_row)
             q = tl.load(q_row_ptr + v, mask=in_row, other=0.0)
@@ -214,17 +257,17 @@ def residual_sample_kernel(
                 m = _masses(z, q, v, -1, vocab, max_logit, scale, kth, z1, p_min, z2, True, True, HAS_TOP_P)
             else:
                 m = _masses(z, q, v, -1, vocab, *params, True, False, HAS_TOP_P)
-            tl.store(blocks + (v_begin + offset) // BLOCK_V, tl.sum(m, axis=0), mask=v_begin + offset < vocab)
-            offset += BLOCK_V
+            tl.store(blocks + block, tl.sum(m, axis=0))
+            block += 1
         # The barrier orders every thread's stores before the arrival (one thread's atomic);
         # its release publishes them at GPU scope, and the last arrival's acquire makes every
-        # program's visible to the draw.
+        # split's visible to the draw.
         tl.debug_barrier()
         arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel", scope="gpu")
-        if arrived == tl.num_programs(1) - 1:
+        if arrived == splits - 1:
             # Past L1 (.cg): other programs of this launch wrote them, and L1 is not coherent across SMs.
             j = tl.arange(0, BLOCK_B)
-            block_sums = tl.load(blocks + j, mask=j < tl.cdiv(vocab, BLOCK_V), other=0, cache_modifier=".cg")
+            block_sums = tl.load(blocks + j, mask=j < num_blocks, other=0, cache_modifier=".cg")
             token = draw_token(block_sums, tl.sum(block_sums, axis=0), row_ptr, q_row_ptr, True, -1, 0.0,
                                tl.load(seeds_ptr + b), tl.load(sample_int + 1), vocab, *params, True, HAS_TOP_P,
                                BLOCK_V, BLOCK_B)
@@ -233,3 +276,4 @@ def residual_sample_kernel(
                 t = token + tl.arange(0, 1)
                 p_t = probs(load_logits(row_ptr, t, t < vocab), *params)
                 tl.store(logprobs_ptr + b.to(tl.int64) * width + step, tl.sum(log_prob(p_t), axis=0))
+        item += programs
