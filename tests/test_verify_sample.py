@@ -219,14 +219,15 @@ def test_triton_residual_draw_in_every_request(with_top, path, programs, monkeyp
 @needs_triton
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
-@pytest.mark.parametrize("batch,vocab", [(3, 128256), (600, 4096)], ids=["few-requests", "more-than-programs"])
+@pytest.mark.parametrize("batch,vocab", [(3, 128256), (700, 4096)], ids=["few-requests", "more-than-programs"])
 def test_gpu_residual_pass_shares_its_programs(batch, vocab, monkeypatch):
     """On the GPU, the launcher's own layout (RESIDUAL_RESIDENT programs a SM), every
-    random request's first draft rejected with no proposal kept ("direct"): 3 requests at
-    V = 128256 share the programs, each row cut into 63 one-block splits whose arrivals race
-    at once; 600 requests at V = 4096 outnumber the programs, one split a row, a program
-    taking several. Both calls (log-probabilities: the screen launch; tokens only: the max
-    pass's tests) return the reference's tokens."""
+    random request's first draft rejected, a proposal kept for ~1.6% of them ("direct"): 3
+    requests at V = 128256 share the programs, each row cut into 63 one-block splits whose
+    arrivals race at once; the ~620 of 700 requests at V = 4096 left to sample outnumber
+    the programs (528 on an H100), one split a row, a program taking several. Both calls
+    (log-probabilities: the screen launch; tokens only: the max pass's tests) return the
+    reference's tokens."""
     from specops.triton_kernels import verify as triton_verify
 
     device = torch.device("cuda")
@@ -238,5 +239,7 @@ def test_gpu_residual_pass_shares_its_programs(batch, vocab, monkeypatch):
     propose = reference_verify.propose_residual
     monkeypatch.setattr(reference_verify, "propose_residual", lambda *a: proposals.append(propose(*a)) or proposals[-1])
     assert_matches_reference(inputs, 3, "cuda", Backend.TRITON)
-    assert len(proposals) == int((inputs["temperature"] > 0).sum()) and all(token is None for token in proposals)
+    assert len(proposals) == int((inputs["temperature"] > 0).sum())
+    left = sum(token is None for token in proposals)  # requests the residual pass draws for
+    assert left == len(proposals) if batch == 3 else left > programs
     assert_tokens_match_reference(inputs, 3, "cuda", Backend.TRITON)
