@@ -55,8 +55,8 @@ REPLACES = [
      "    sum_splits,  # of the normaliser partials\n    trace_ptr,\n"),
     ("verify.py", "**sum_flags, **first_sum_registers)", "trace_ptr=TRACE, **sum_flags, **first_sum_registers)"),
     ("verify.py", "**sum_flags, **second_sum_registers)", "trace_ptr=TRACE, **sum_flags, **second_sum_registers)"),
-    ("verify.py", "num_warps=DECIDE_WARPS, **exact,", "num_warps=DECIDE_WARPS, trace_ptr=TRACE, **exact,"),
-    ("verify.py", "\ndef verify(\n", "\nTRACE = None\n\n\ndef verify(\n"),
+    ("verify.py", "else DECIDE_WARPS,\n", "else DECIDE_WARPS, trace_ptr=TRACE,\n"),
+    ("verify.py", "\ndef launch_verify(\n", "\nTRACE = None\n\n\ndef launch_verify(\n"),
     ("verify_sample.py", "def propose_residual(block_sums,", "def propose_residual(trace_row, block_sums,"),
     ("verify_decide.py", "token = propose_residual(*proposing, max_logit",
      f"token = propose_residual({ROW}, *proposing, max_logit"),
@@ -69,7 +69,8 @@ INSERTS = [
      "    _start, num_drafts = draft_range(cu_ptr, b, num_tokens, width - 1)  # unused (dropped) when MARKED\n"
      "    chain_launch(PDL)\n", "    tl.atomic_min(trace_ptr + 1, _now(program))\n"),
     ("verify_rows.py",
-     "        tl.store(part_sum_ptr + slot.to(tl.int64) * num_splits + split, total)\n        j += step_programs\n",
+     "            tl.store(part_sum_ptr + slot.to(tl.int64) * num_splits + split, total)\n"
+     "        j = tl.where(verdict == FAILS, count, j + step_programs)\n",
      "    tl.atomic_max(trace_ptr, _now(j))\n"),
     ("verify_decide.py", "    b = tl.program_id(0)\n", f"    tl.store({ROW}, _now(b))\n"),
     ("verify_decide.py", "    chain_launch(PDL)\n", f"    tl.store({ROW} + 1, _now(b))\n"),

@@ -188,6 +188,12 @@ PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the 
 # The proposals are drawn and tried in the same order either way.
 UNSCREENED_PROPOSAL_ROUND = 2
 DECIDE_WARPS = 8
+# Calls of at most one request per SM: the decisions at 16 warps, a program an SM (their
+# proposals' and draws' tiles are latency-bound on a program's warps). H100 A/B against 8
+# (bench/NOTES.md, queued µs): B=64 close drafts 98.2 -> 96.7, B=16 close 38.4 -> 36.9,
+# B=64 V=32000 close 42.7 -> 41.4, B=64 default drafts 82.9 -> 81.9; B=256 close (two
+# programs an SM at 8 warps) 301.8 -> 308.4, so more requests than SMs keep 8.
+DECIDE_WARPS_ONE_PER_SM = 16
 # The screen, one program per request, is latency-bound: 8 warps against 4, H100 A/B
 # (bench/NOTES.md): B = 1 n-gram 15.5 -> 14.9 µs, B = 16 random 32.1 -> 31.6, B = 256 291.5
 # -> 290.8 (1 and 2 warps slower, 16 no better).
@@ -507,7 +513,9 @@ def launch_verify(
         BLOCK_B=next_power_of_2(cdiv(vocab, mass_block)),
         PROPOSAL_ROUND=PROPOSAL_ROUND if screened else UNSCREENED_PROPOSAL_ROUND,
         BLOCK_W=next_power_of_2(width), SCREENED=screen_launch,
-        VERDICTS=test_steps or max_pass_tests, SLOT_STATS=test_steps, num_warps=DECIDE_WARPS, **exact,
+        VERDICTS=test_steps or max_pass_tests, SLOT_STATS=test_steps,
+        num_warps=DECIDE_WARPS_ONE_PER_SM if batch <= multiprocessor_count(device, CPU_NUM_SMS) else DECIDE_WARPS,
+        **exact,
     )
     if draft_probs is None:  # every token drawn by the decisions
         return out, num_accepted, logprobs
