@@ -55,7 +55,7 @@ REPLACES = [
      "    sum_splits,  # of the normaliser partials\n    trace_ptr,\n"),
     ("verify.py", "**sum_flags, **first_sum_registers)", "trace_ptr=TRACE, **sum_flags, **first_sum_registers)"),
     ("verify.py", "**sum_flags, **second_sum_registers)", "trace_ptr=TRACE, **sum_flags, **second_sum_registers)"),
-    ("verify.py", "else DECIDE_WARPS,\n", "else DECIDE_WARPS, trace_ptr=TRACE,\n"),
+    ("verify.py", "else DECIDE_WARPS),\n", "else DECIDE_WARPS), trace_ptr=TRACE,\n"),
     ("verify.py", "\ndef launch_verify(\n", "\nTRACE = None\n\n\ndef launch_verify(\n"),
     ("verify_sample.py", "def propose_residual(block_sums,", "def propose_residual(trace_row, block_sums,"),
     ("verify_decide.py", "token = propose_residual(*proposing, max_logit",

@@ -23,6 +23,16 @@ if triton_available():
     import triton.language as tl
 
     from specops.triton_kernels.verify_math import mulhi64
+    from specops.triton_kernels.verify_sample import _blocks_holding
+
+    @triton.jit
+    def _blocks_holding_kernel(block_ptr, before_ptr, sums_ptr, u_ptr, BLOCK_B: tl.constexpr, ROUND: tl.constexpr,
+                               GROUP: tl.constexpr):
+        inclusive = tl.cumsum(tl.load(sums_ptr + tl.arange(0, BLOCK_B)), axis=0)
+        group_last = tl.max(tl.reshape(inclusive, [BLOCK_B // GROUP, GROUP]), axis=1)
+        block, before = _blocks_holding(inclusive, group_last, tl.load(u_ptr + tl.arange(0, ROUND)), GROUP)
+        tl.store(block_ptr + tl.arange(0, ROUND), block)
+        tl.store(before_ptr + tl.arange(0, ROUND), before)
 
     @triton.jit
     def _mulhi64_kernel(out_ptr, lo_ptr, hi_ptr, m_ptr, n, BLOCK: tl.constexpr):
@@ -121,6 +131,36 @@ def test_triton_mulhi64_is_the_exact_high_word(device):
     assert out.cpu().tolist() == expected
 
 
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_b,group", [(1024, 32), (256, 16), (32, 32), (64, 4)])
+def test_triton_grouped_block_search_is_the_full_search(device, block_b, group):
+    """_blocks_holding (the proposals' search in two levels) gives every draw the count of
+    inclusive prefix sums <= U and the largest of them, as the search of every block does:
+    block sums with runs of empty blocks (whole groups of them too), draws at each prefix
+    sum, one below it, 0 and the last mass unit."""
+    g = torch.Generator().manual_seed(block_b + group)
+    sums = torch.randint(0, 2**40, (block_b,), generator=g, dtype=torch.int64)
+    sums[torch.rand(block_b, generator=g) < 0.4] = 0
+    sums[group:3 * group] = 0  # two empty groups
+    sums[-group // 2:] = 0  # padding past the row's blocks
+    inclusive = torch.cumsum(sums, 0)
+    total = int(inclusive[-1])
+    picks = inclusive[torch.randint(0, block_b, (40,), generator=g)]
+    u = torch.cat([picks, (picks - 1).clamp(min=0), torch.tensor([0, total - 1]),
+                   torch.randint(0, total, (46,), generator=g)])  # 128 draws, all < total
+    rounds = 16
+    for start in range(0, len(u), rounds):
+        draws = u[start:start + rounds]
+        block = torch.full((rounds,), -1, dtype=torch.int32, device=device)
+        before = torch.full((rounds,), -1, dtype=torch.int64, device=device)
+        _blocks_holding_kernel[(1,)](block, before, sums.to(device), draws.to(device), BLOCK_B=block_b, ROUND=rounds,
+                                     GROUP=group)
+        below = inclusive[None, :] <= draws[:, None]
+        assert block.cpu().tolist() == below.sum(1).tolist()
+        assert before.cpu().tolist() == torch.where(below, inclusive[None, :], 0).max(1).values.tolist()
+
+
 def _peaked(inputs, vocab, edges, g):
     """Rows whose mass sits on a few tokens at block edges (the rest 30 below), drafts among
     them: the draw lands at the edges of blocks, and n-gram drafts are taken out there."""
@@ -138,18 +178,19 @@ def _peaked(inputs, vocab, edges, g):
 
 
 @needs_triton
-@pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
+@pytest.mark.parametrize("ngram,group", [(False, 0), (False, 4), (True, 0)], ids=["draft", "draft-grouped", "ngram"])
 @pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
-def test_triton_draw_across_blocks_matches_reference(ngram, with_top, monkeypatch):
+def test_triton_draw_across_blocks_matches_reference(ngram, group, with_top, monkeypatch):
     """16-entry blocks (10 a row at V = 150, the last one partial) for the residual pass,
     8-entry ones (19) for the normaliser's masses: the block sums of both, the proposals'
     search, and the scan inside a block; mass on block edges (15/16, 31/32, the last token)
     or spread over the row (CPU, interpreter: rows of 150 cross every kind of edge rows of
-    300 did, in fewer blocks for the searches' rounds to read)."""
+    300 did, in fewer blocks for the searches' rounds to read); "grouped": the proposals'
+    block search in two levels of 4 of the 32 (PROPOSAL_GROUP)."""
     from specops.triton_kernels import verify as triton_verify
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
-                        ("MASS_BLOCK", 8)):
+                        ("MASS_BLOCK", 8), ("PROPOSAL_GROUP", group)):
         monkeypatch.setattr(triton_verify, name, value)
     vocab = 150
     # The residual pass: 16 programs over rows of 10 blocks: one request left to sample

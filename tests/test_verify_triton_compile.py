@@ -66,6 +66,7 @@ CASES = [
     ("residual sample", verify_sample.residual_sample_kernel, {}, False),
     ("residual sample, no logprobs", verify_sample.residual_sample_kernel, {"RETURN_LOGPROBS": False}, False),
     ("decide, no draft probs", verify_decide.decide_kernel, {"HAS_DRAFT_PROBS": False}, False),
+    ("decide, grouped proposals", verify_decide.decide_kernel, {"PROPOSAL_GROUP": 32, "BLOCK_B": 1024}, False),
     ("row max and sum, unscreened", verify_unscreened.row_max_sum_kernel, {}, False),
     ("decide, unscreened", verify_decide.decide_kernel, {"SCREENED": False, "HAS_TOP_K": False, "HAS_TOP_P": False,
                                                           "RETURN_LOGPROBS": False}, False),

@@ -85,6 +85,7 @@ def decide_kernel(
     SCREENED: tl.constexpr = True,  # False: no screen ran, every request is walked from step 0
     VERDICTS: tl.constexpr = False,  # not SCREENED: from the first step the max pass did not pass
     SLOT_STATS: tl.constexpr = False,  # (VERDICTS) the max pass stored each slot's statistics (verify_unscreened.py)
+    PROPOSAL_GROUP: tl.constexpr = 0,  # > 0: the proposals' block search in two levels (propose_residual)
     PDL: tl.constexpr = False,
 ):
     # Before the wait (PDL): the op's own inputs only (verify_math.chain_launch): every
@@ -207,10 +208,10 @@ def decide_kernel(
                         scale = exponent_scale(temperature)
                         if scale > 0.0:  # T = 2^n: exp's first step by one multiply (exponent_scale)
                             token = propose_residual(*proposing, max_logit, scale, kth, z1, p_min, z2, True,
-                                                     HAS_TOP_P, MASS_BLOCK, PROPOSAL_ROUND)
+                                                     HAS_TOP_P, MASS_BLOCK, PROPOSAL_ROUND, PROPOSAL_GROUP)
                         else:
                             token = propose_residual(*proposing, *params, False, HAS_TOP_P, MASS_BLOCK,
-                                                     PROPOSAL_ROUND)
+                                                     PROPOSAL_ROUND, PROPOSAL_GROUP)
                         if token < 0:
                             tl.store(sample_int, i.to(tl.int64))
                             tl.store(sample_int + 1, position0 + i)

@@ -114,9 +114,27 @@ def draw_token(block_sums, block_total, row_ptr, q_row_ptr, residual, draft, dra
 
 
 @triton.jit
+def _blocks_holding(inclusive, group_last, u, GROUP: tl.constexpr):
+    """(block, mass before it) of each draw u [ROUND]: the count of the inclusive prefix
+    sums ``inclusive`` [BLOCK_B] that are <= u and the largest of them (0 where none), as
+    a search of GROUP prefix sums a draw: the groups of GROUP whose last prefix sum
+    (``group_last``) is <= u come first (a prefix: the sums do not decrease), then the
+    sums of the group after them, gathered."""
+    below = group_last[None, :] <= u[:, None]
+    group = tl.minimum(tl.sum(below.to(tl.int32), axis=1), group_last.numel - 1)  # < that unless u >= every sum
+    before = tl.max(tl.where(below, group_last[None, :], 0), axis=1)
+    index = group[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    sums = tl.reshape(tl.gather(inclusive, tl.reshape(index, [index.numel]), 0), [u.numel, GROUP])
+    below = sums <= u[:, None]
+    block = group * GROUP + tl.sum(below.to(tl.int32), axis=1)
+    before = tl.maximum(before, tl.max(tl.where(below, sums, 0), axis=1))
+    return block, before
+
+
+@triton.jit
 def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, vocab, max_logit, temperature, kth, z1,
                      p_min, z2, MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr, MASS_BLOCK: tl.constexpr,
-                     ROUND: tl.constexpr):
+                     ROUND: tl.constexpr, GROUP: tl.constexpr = 0):
     """The first kept proposal of a residual draw (reference/verify.py), -1 when none is.
     ROUND proposals at a time (most draws end in the first round), each drawn by inversion
     from the normaliser's masses W, given their sums per MASS_BLOCK entries (``block_sums``
@@ -125,11 +143,14 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
     sums <= U, the mass before it the largest such sum (two independent reductions of one
     scan, computed once for every proposal); then the entry inside the block; the chosen
     token's logit and draft prob are read again (cached lines), not selected by reductions.
-    MULTIPLY: ``temperature`` holds log2(e) / T (exponent_scale). Bytes: per
-    round one block of the row and of its draft probs per proposal (loaded together: no
-    load waits on the token)."""
+    MULTIPLY: ``temperature`` holds log2(e) / T (exponent_scale). GROUP > 0: the block
+    search in two levels of GROUP (_blocks_holding), the same blocks. Bytes: per round one
+    block of the row and of its draft probs per proposal (loaded together: no load waits on
+    the token)."""
     e = tl.arange(0, MASS_BLOCK)
     inclusive = tl.cumsum(block_sums, axis=0)
+    if GROUP > 0:  # each group's last prefix sum, once
+        group_last = tl.max(tl.reshape(inclusive, [inclusive.numel // GROUP, GROUP]), axis=1)
     token = tl.full([], -1, tl.int32)
     first = tl.where(total > 0, 0, RESIDUAL_PROPOSALS)  # M_W = 0: no proposal
     while first < RESIDUAL_PROPOSALS:
@@ -137,9 +158,12 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
         w0, w1, w2, w3 = philox_words(seed, position, PURPOSE_PROPOSE, t)
         u = mulhi64(w0, w1, total)  # [ROUND], each < total
         # The blocks whose inclusive prefix sum is <= U come first (a prefix: masses >= 0).
-        below = inclusive[None, :] <= u[:, None]
-        block = tl.sum(below.to(tl.int32), axis=1)
-        before = tl.max(tl.where(below, inclusive[None, :], 0), axis=1)
+        if GROUP > 0:
+            block, before = _blocks_holding(inclusive, group_last, u, GROUP)
+        else:
+            below = inclusive[None, :] <= u[:, None]
+            block = tl.sum(below.to(tl.int32), axis=1)
+            before = tl.max(tl.where(below, inclusive[None, :], 0), axis=1)
         v = block[:, None] * MASS_BLOCK + e[None, :]
         in_row = v < vocab
         z = load_logits(row_ptr, v, in_row)
