@@ -81,7 +81,7 @@ INSERTS = [
      f"                        tl.store({ROW} + 3, _now(token))\n"),
     ("verify_decide.py", "    if i >= 0:\n        tl.store(num_accepted_ptr + b, accepted.to(tl.int32))\n",
      f"    tl.store({ROW} + 4, _now(i))\n    tl.store({ROW} + 5, i.to(tl.int64))\n"),
-    ("verify_sample.py", "        block = tl.sum(below.to(tl.int32), axis=1)\n",
+    ("verify_sample.py", "            before = tl.max(tl.where(below, inclusive[None, :], 0), axis=1)\n",
      "        tl.store(trace_row + 16 + first // ROUND, _now(tl.sum(block, axis=0)))\n"),
     ("verify_sample.py", "        found = inside < MASS_BLOCK\n",
      "        tl.store(trace_row + 8 + first // ROUND, _now(tl.sum(inside, axis=0)))\n"),

@@ -2,8 +2,8 @@
 shape timed in turn (bench/common.py) and the grouping of rows into shapes for the PNG
 (bench/plot_results.py): a specops row's graph-replay fields once made it a group of its own;
 the inputs' draft quality (bench_sampling.make_inputs), ab_verify's shape tags, and the
-launch constants a timeline of a tagged shape runs with (bench/timeline_verify.py), and the
-names bench_verify --shapes picks shapes by."""
+launch constants a timeline of a tagged shape runs with (bench/timeline_verify.py), the
+names bench_verify --shapes picks shapes by, and trace_decide's patches of the kernels."""
 
 from __future__ import annotations
 
@@ -180,3 +180,12 @@ def test_bench_verify_shapes_picks_the_named_and_rejects_an_unknown_name():
     with pytest.raises(ValueError, match="64:4:128256:randm"):
         bench_verify.pick_shapes(shapes, "1:4:128256:ngram,64:4:128256:randm")
 
+
+
+def test_trace_decide_finds_every_anchor_in_the_kernels():
+    """bench/trace_decide.py patches a copy of the kernels' sources by text: every anchor it
+    replaces or stamps after is still there and the patched copy imports (a stamp placed at
+    the wrong indentation fails there; drift once left it failing on the GPU only)."""
+    trace_decide = load_bench("trace_decide")
+    traced = trace_decide.traced_package()
+    assert traced.TRACE is None and hasattr(traced, "launch_verify")

@@ -193,12 +193,13 @@ UNSCREENED_PROPOSAL_ROUND = 2
 # until measured on the GPU (bench/NOTES.md).
 PROPOSAL_GROUP = 0
 DECIDE_WARPS = 8
-# Screened calls of at most one request per SM: the decisions at 16 warps, a program an SM
-# (their proposals' and draws' tiles are latency-bound on a program's warps). H100 A/B
+# Screened calls with draft probs of at most one request per SM: the decisions at 16 warps,
+# a program an SM (their proposals' tiles are latency-bound on a program's warps). H100 A/B
 # against 8 (bench/NOTES.md, queued µs): B=64 close drafts 98.2 -> 96.7, B=16 close 38.4 ->
 # 36.9, B=64 V=32000 close 42.7 -> 41.4, B=64 default drafts 82.9 -> 81.9; B=256 close (two
 # programs an SM at 8 warps) 301.8 -> 308.4, so more requests than SMs keep 8, and so does
-# B=1 unscreened (13.4 -> 15.2 random, 11.7 -> 12.3 n-gram at 16).
+# B=1 unscreened (13.4 -> 15.2 random, 11.7 -> 12.3 n-gram at 16); n-gram B=64 read 80.7 in
+# two runs at 16 against 78.7 at 8 (0f1832c), so n-gram keeps 8.
 DECIDE_WARPS_ONE_PER_SM = 16
 # The screen, one program per request, is latency-bound: 8 warps against 4, H100 A/B
 # (bench/NOTES.md): B = 1 n-gram 15.5 -> 14.9 µs, B = 16 random 32.1 -> 31.6, B = 256 291.5
@@ -521,8 +522,8 @@ def launch_verify(
         PROPOSAL_GROUP=min(PROPOSAL_GROUP, next_power_of_2(cdiv(vocab, mass_block))),
         BLOCK_W=next_power_of_2(width), SCREENED=screen_launch,
         VERDICTS=test_steps or max_pass_tests, SLOT_STATS=test_steps,
-        num_warps=(DECIDE_WARPS_ONE_PER_SM if screened and batch <= multiprocessor_count(device, CPU_NUM_SMS)
-                   else DECIDE_WARPS),
+        num_warps=(DECIDE_WARPS_ONE_PER_SM if screened and draft_probs is not None
+                   and batch <= multiprocessor_count(device, CPU_NUM_SMS) else DECIDE_WARPS),
         **exact,
     )
     if draft_probs is None:  # every token drawn by the decisions
