@@ -178,19 +178,22 @@ def _peaked(inputs, vocab, edges, g):
 
 
 @needs_triton
-@pytest.mark.parametrize("ngram,group", [(False, 0), (False, 4), (True, 0)], ids=["draft", "draft-grouped", "ngram"])
+@pytest.mark.parametrize("ngram,group,ahead",
+                         [(False, 0, False), (False, 4, False), (False, 4, True), (True, 0, False)],
+                         ids=["draft", "draft-grouped", "draft-grouped-ahead", "ngram"])
 @pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
-def test_triton_draw_across_blocks_matches_reference(ngram, group, with_top, monkeypatch):
+def test_triton_draw_across_blocks_matches_reference(ngram, group, ahead, with_top, monkeypatch):
     """16-entry blocks (10 a row at V = 150, the last one partial) for the residual pass,
     8-entry ones (19) for the normaliser's masses: the block sums of both, the proposals'
     search, and the scan inside a block; mass on block edges (15/16, 31/32, the last token)
     or spread over the row (CPU, interpreter: rows of 150 cross every kind of edge rows of
     300 did, in fewer blocks for the searches' rounds to read); "grouped": the proposals'
-    block search in two levels of 4 of the 32 (PROPOSAL_GROUP)."""
+    block search in two levels of 4 of the 32 (PROPOSAL_GROUP); "ahead": each proposal round
+    loading the next one's blocks (PROPOSAL_AHEAD)."""
     from specops.triton_kernels import verify as triton_verify
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
-                        ("MASS_BLOCK", 8), ("PROPOSAL_GROUP", group)):
+                        ("MASS_BLOCK", 8), ("PROPOSAL_GROUP", group), ("PROPOSAL_AHEAD", ahead)):
         monkeypatch.setattr(triton_verify, name, value)
     vocab = 150
     # The residual pass: 16 programs over rows of 10 blocks: one request left to sample
@@ -220,25 +223,31 @@ class _GarbageTorch:
 
 
 @needs_triton  # top + proposal: test_verify_ops.py
-@pytest.mark.parametrize("with_top,path,programs", [(False, "proposal", 64), (False, "direct", 64),
-                                                    (False, "direct", 3), (True, "direct", 64)],
-                         ids=["plain-proposal", "plain-direct", "plain-direct-3", "top-direct"])
-def test_triton_residual_draw_in_every_request(with_top, path, programs, monkeypatch):
+@pytest.mark.parametrize("with_top,path,programs,ahead", [(False, "proposal", 64, False), (False, "late", 64, False),
+                                                          (False, "late", 64, True), (False, "direct", 64, False),
+                                                          (False, "direct", 3, True), (True, "direct", 64, False)],
+                         ids=["plain-proposal", "plain-late", "plain-late-ahead", "plain-direct",
+                              "plain-direct-3-ahead", "top-direct"])
+def test_triton_residual_draw_in_every_request(with_top, path, programs, ahead, monkeypatch):
     """Four random requests reject their first draft (p ~ 0 there, q well above it): each
     draws its residual token. "proposal": q ~ 1 at the draft, so the residual is nearly p
     and a proposal is kept (in the decisions, 4-entry mass blocks);
+    "late": q is p but for 0.15 moved onto the draft, so a proposal is kept with probability
+    ~0.15 and some draw is settled by a later round than the first;
     "direct": q is p but for 1e-3 moved onto the draft, so the residual mass is ~1e-3 of
     W, no proposal is kept, and the residual pass draws: with 64 programs each of the four
     rows (19 blocks) is cut into 16 splits of 2 blocks (the last 6 empty) whose last
     arrival draws; with 3 programs, fewer than the requests, each row is one split and
     program 0 takes the first and the fourth. A greedy request and one without drafts
-    leave the programs to the others. int32 workspaces start as garbage: the decisions
+    leave the programs to the others. "ahead": the proposal rounds with the next round's
+    loads issued first (PROPOSAL_AHEAD). int32 workspaces start as garbage: the decisions
     zero the arrival counters, no memset (CPU, interpreter: the programs run one at a time,
     in one order)."""
     from specops.triton_kernels import verify as triton_verify
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
-                        ("RESIDUAL_RESIDENT", programs // 4 if programs > 4 else programs), ("MASS_BLOCK", 4)):
+                        ("RESIDUAL_RESIDENT", programs // 4 if programs > 4 else programs), ("MASS_BLOCK", 4),
+                        ("PROPOSAL_AHEAD", ahead)):
         monkeypatch.setattr(triton_verify, name, value)
     if programs <= 4:
         monkeypatch.setattr(triton_verify, "CPU_NUM_SMS", 1)
@@ -248,13 +257,42 @@ def test_triton_residual_draw_in_every_request(with_top, path, programs, monkeyp
     inputs["temperature"][4] = 0.0
     inputs = rejecting_first_drafts(inputs, path)
     assert triton_verify.residual_programs(len(counts), vocab, torch.device("cpu")) == programs
-    proposals = []
-    propose = reference_verify.propose_residual
-    monkeypatch.setattr(reference_verify, "propose_residual", lambda *a: proposals.append(propose(*a)) or proposals[-1])
+    kept = []  # (t, token) of each residual draw's kept proposal, None where none is
+    keep = reference_verify.kept_proposal
+    monkeypatch.setattr(reference_verify, "kept_proposal", lambda *a: kept.append(keep(*a)) or kept[-1])
     _tokens, num_accepted, _logprobs = reference_verify.verify(**inputs, max_spec_len=3)
     assert num_accepted.tolist() == [0] * len(counts)  # request 2: its bonus; 4: greedy
-    assert len(proposals) == 4 and all((token is not None) == (path == "proposal") for token in proposals)
+    assert len(kept) == 4
+    if path == "late":  # some draw is settled by a proposal of a later round than the first
+        assert any(k is not None and k[0] >= triton_verify.PROPOSAL_ROUND for k in kept), kept
+    else:
+        assert all((k is not None) == (path == "proposal") for k in kept), kept
     assert_matches_reference(inputs, 3, "cpu", Backend.TRITON)
+
+
+@needs_triton
+@pytest.mark.parametrize("group,ahead,q_tile", [(0, False, False), (0, False, True), (8, True, True)],
+                         ids=["shipped", "q-tile", "grouped-ahead-q-tile"])
+def test_triton_later_proposal_rounds_match_reference(group, ahead, q_tile, monkeypatch):
+    """24 requests reject their first draft with a residual of ~0.15 of p ("late"): most
+    draws end in a later round of proposals than the first, where PROPOSAL_AHEAD's rounds
+    use the draws and loads the round before them issued; PROPOSAL_Q_TILE selects each
+    proposal's draft prob from its block's (CPU, interpreter)."""
+    from specops.triton_kernels import verify as triton_verify
+
+    for name, value in (("MASS_BLOCK", 4), ("PROPOSAL_GROUP", group), ("PROPOSAL_AHEAD", ahead),
+                        ("PROPOSAL_Q_TILE", q_tile)):
+        monkeypatch.setattr(triton_verify, name, value)
+    counts, vocab = [1] * 24, 256
+    inputs = rejecting_first_drafts(make_inputs(counts, vocab, seed=5, greedy_fraction=0.0, with_top=False), "late")
+    kept = []
+    keep = reference_verify.kept_proposal
+    monkeypatch.setattr(reference_verify, "kept_proposal", lambda *a: kept.append(keep(*a)) or kept[-1])
+    reference_verify.verify(**inputs, max_spec_len=1)
+    rounds = [k[0] // triton_verify.PROPOSAL_ROUND for k in kept if k is not None]
+    later = [r for r in rounds if r > 0]
+    assert len(kept) == 24 and len(later) >= 8 and len(set(later)) == 3, kept  # rounds 2, 3 and 4 each
+    assert_tokens_match_reference(inputs, 1, "cpu", Backend.TRITON)
 
 
 @needs_triton

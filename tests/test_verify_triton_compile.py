@@ -36,8 +36,8 @@ INT_POINTER_SUFFIXES = ("state_ptr", "agg_ptr", "sum_ptr", "sum2_ptr", "mass_ptr
 SCALARS = {"num_tokens", "vocab", "width", "split_len", "row_splits", "search_round", "num_splits", "sum_splits",
            "batch", "kept_rows", "keep_limit"}
 FLAGS = {"HAS_DRAFT_PROBS": True, "HAS_TOP_K": True, "HAS_TOP_P": True, "RETURN_LOGPROBS": True, "BLOCK_S": 64,
-         "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64, "BLOCK_R": 64, "MASS_BLOCK": 128, "PROPOSAL_ROUND": 4, "UNROLL": 4,
-         "PDL": False}
+         "BLOCK_W": 8, "BLOCK_V": 2048, "BLOCK_B": 64, "BLOCK_R": 64, "MASS_BLOCK": 128, "PROPOSAL_ROUND": 4,
+         "UNROLL": 4, "PDL": False}
 
 CASES = [
     ("row_max", verify_rows.row_max_kernel, {"ALL_GREEDY": False, "BLOCK_V": 2048}, True),
@@ -67,6 +67,8 @@ CASES = [
     ("residual sample, no logprobs", verify_sample.residual_sample_kernel, {"RETURN_LOGPROBS": False}, False),
     ("decide, no draft probs", verify_decide.decide_kernel, {"HAS_DRAFT_PROBS": False}, False),
     ("decide, grouped proposals", verify_decide.decide_kernel, {"PROPOSAL_GROUP": 32, "BLOCK_B": 1024}, False),
+    ("decide, grouped proposals ahead, draft probs from the tile", verify_decide.decide_kernel,
+     {"PROPOSAL_GROUP": 32, "BLOCK_B": 1024, "PROPOSAL_AHEAD": True, "PROPOSAL_Q_TILE": True}, False),
     ("row max and sum, unscreened", verify_unscreened.row_max_sum_kernel, {}, False),
     ("decide, unscreened", verify_decide.decide_kernel, {"SCREENED": False, "HAS_TOP_K": False, "HAS_TOP_P": False,
                                                           "RETURN_LOGPROBS": False}, False),

@@ -60,7 +60,8 @@ def rejecting_first_drafts(inputs, path):
     with draft probs that send the residual token down one path of the contract:
     "proposal": q ~ 1 on the draft, so the residual is nearly p and a proposal is kept;
     "direct": q is p (processed, greedy requests at T = 1) but for 1e-3 moved onto the
-    draft, so the residual mass is ~1e-3 of p's and no proposal is kept."""
+    draft, so the residual mass is ~1e-3 of p's and no proposal is kept; "late": 0.15 moved,
+    so a proposal is kept with probability ~0.15, often after the first round of them."""
     inputs = dict(inputs)
     counts = torch.diff(inputs["cu_num_draft_tokens"].long(), prepend=torch.zeros(1, dtype=torch.long))
     request = torch.repeat_interleave(torch.arange(len(counts)), counts)
@@ -78,8 +79,9 @@ def rejecting_first_drafts(inputs, path):
         processed_probs(target[row].float(), float(inputs["temperature"][b]) or 1.0,
                         int(top_k[b]) if top_k is not None else 0, float(top_p[b]) if top_p is not None else 1.0)
         for row, b in zip(rows.tolist(), request.tolist())]) if len(rows) else torch.zeros(target.shape)
-    q = q * (1 - 1e-3)
-    q[rows, drafts] += 1e-3
+    moved = 0.15 if path == "late" else 1e-3
+    q = q * (1 - moved)
+    q[rows, drafts] += moved
     inputs["draft_probs"] = q
     return inputs
 

@@ -192,6 +192,15 @@ UNSCREENED_PROPOSAL_ROUND = 2
 # 2 sqrt(blocks) compares a proposal instead of every block's (1002 at V = 128256). 0: off,
 # until measured on the GPU (bench/NOTES.md).
 PROPOSAL_GROUP = 0
+# True: each proposal round draws the next round's proposals and issues their blocks' loads
+# before its own test (verify_sample.propose_residual), so rounds after the first find them
+# loaded. Prepared, not measured: off until an A/B on the GPU (bench/NOTES.md).
+PROPOSAL_AHEAD = False
+# True: the kept test's draft prob of each proposal selected from its block's, loaded with
+# the block's logits (without it that load is dead code, compiled away, and the draft prob
+# a read from memory after the scan; the draft-probs row is not in any cache then).
+# Prepared, not measured: off until an A/B on the GPU (bench/NOTES.md).
+PROPOSAL_Q_TILE = False
 DECIDE_WARPS = 8
 # Screened calls with draft probs of at most one request per SM: the decisions at 16 warps,
 # a program an SM (their proposals' tiles are latency-bound on a program's warps). H100 A/B
@@ -520,6 +529,8 @@ def launch_verify(
         BLOCK_B=next_power_of_2(cdiv(vocab, mass_block)),
         PROPOSAL_ROUND=PROPOSAL_ROUND if screened else UNSCREENED_PROPOSAL_ROUND,
         PROPOSAL_GROUP=min(PROPOSAL_GROUP, next_power_of_2(cdiv(vocab, mass_block))),
+        PROPOSAL_AHEAD=bool(PROPOSAL_AHEAD),
+        PROPOSAL_Q_TILE=bool(PROPOSAL_Q_TILE),
         BLOCK_W=next_power_of_2(width), SCREENED=screen_launch,
         VERDICTS=test_steps or max_pass_tests, SLOT_STATS=test_steps,
         num_warps=(DECIDE_WARPS_ONE_PER_SM if screened and draft_probs is not None

@@ -173,10 +173,16 @@ def log_prob(p):
 
 
 @triton.jit
+def finite_logits(raw):
+    """float32 logits of loaded ones, NaN and +-inf as -inf (probability 0)."""
+    z = raw.to(tl.float32)
+    return tl.where(tl.abs(z) < float("inf"), z, float("-inf"))  # NaN compares false too
+
+
+@triton.jit
 def load_logits(row_ptr, v, mask):
     """float32 logits, NaN and +-inf as -inf (probability 0); -inf where masked."""
-    z = tl.load(row_ptr + v, mask=mask, other=float("-inf")).to(tl.float32)
-    return tl.where(tl.abs(z) < float("inf"), z, float("-inf"))  # NaN compares false too
+    return finite_logits(tl.load(row_ptr + v, mask=mask, other=float("-inf")))
 
 
 @triton.jit

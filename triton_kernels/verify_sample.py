@@ -27,6 +27,7 @@ from .verify_math import (
     RESIDUAL_PROPOSALS,
     chain_launch,
     exponent_scale,
+    finite_logits,
     load_logits,
     log_prob,
     mulhi64,
@@ -132,9 +133,27 @@ def _blocks_holding(inclusive, group_last, u, GROUP: tl.constexpr):
 
 
 @triton.jit
+def _proposal_blocks(inclusive, group_last, total, seed, position, first, ROUND: tl.constexpr, GROUP: tl.constexpr):
+    """Proposals first .. first + ROUND - 1 of a residual draw: (t, words 2 and 3 of each, its
+    draw U < ``total``, the block holding U, the mass before that block)."""
+    t = first + tl.arange(0, ROUND)
+    w0, w1, w2, w3 = philox_words(seed, position, PURPOSE_PROPOSE, t)
+    u = mulhi64(w0, w1, total)  # [ROUND], each < total
+    # The blocks whose inclusive prefix sum is <= U come first (a prefix: masses >= 0).
+    if GROUP > 0:
+        block, before = _blocks_holding(inclusive, group_last, u, GROUP)
+    else:
+        below = inclusive[None, :] <= u[:, None]
+        block = tl.sum(below.to(tl.int32), axis=1)
+        before = tl.max(tl.where(below, inclusive[None, :], 0), axis=1)
+    return t, w2, w3, u, block, before
+
+
+@triton.jit
 def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, vocab, max_logit, temperature, kth, z1,
                      p_min, z2, MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr, MASS_BLOCK: tl.constexpr,
-                     ROUND: tl.constexpr, GROUP: tl.constexpr = 0):
+                     ROUND: tl.constexpr, GROUP: tl.constexpr = 0, AHEAD: tl.constexpr = False,
+                     Q_TILE: tl.constexpr = False):
     """The first kept proposal of a residual draw (reference/verify.py), -1 when none is.
     ROUND proposals at a time (most draws end in the first round), each drawn by inversion
     from the normaliser's masses W, given their sums per MASS_BLOCK entries (``block_sums``
@@ -142,40 +161,57 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
     floor(Y W_x / 2^64) < R_x. The block holding a draw U is the count of inclusive prefix
     sums <= U, the mass before it the largest such sum (two independent reductions of one
     scan, computed once for every proposal); then the entry inside the block; the chosen
-    token's logit and draft prob are read again (cached lines), not selected by reductions.
+    token's logit is read again (a line the block's load cached), not selected by a
+    reduction.
     MULTIPLY: ``temperature`` holds log2(e) / T (exponent_scale). GROUP > 0: the block
-    search in two levels of GROUP (_blocks_holding), the same blocks. Bytes: per round one
-    block of the row and of its draft probs per proposal (loaded together: no load waits on
-    the token)."""
+    search in two levels of GROUP (_blocks_holding), the same blocks. AHEAD: each round
+    draws the next round's proposals and issues their blocks' loads before its own test, so
+    a later round finds its blocks loaded (the same proposals, tried in the same order).
+    Q_TILE: each proposal's draft prob selected from its block's, loaded with the logits
+    (without it that load is dead code, and the draft prob is a read of its own after the
+    scan). Bytes: per round one block of the row and of its draft probs per proposal (loaded
+    together: no load waits on the token); AHEAD, one round's more where the first is kept."""
     e = tl.arange(0, MASS_BLOCK)
     inclusive = tl.cumsum(block_sums, axis=0)
+    group_last = inclusive  # a stand-in, unread, without GROUP
     if GROUP > 0:  # each group's last prefix sum, once
         group_last = tl.max(tl.reshape(inclusive, [inclusive.numel // GROUP, GROUP]), axis=1)
     token = tl.full([], -1, tl.int32)
     first = tl.where(total > 0, 0, RESIDUAL_PROPOSALS)  # M_W = 0: no proposal
-    while first < RESIDUAL_PROPOSALS:
-        t = first + tl.arange(0, ROUND)
-        w0, w1, w2, w3 = philox_words(seed, position, PURPOSE_PROPOSE, t)
-        u = mulhi64(w0, w1, total)  # [ROUND], each < total
-        # The blocks whose inclusive prefix sum is <= U come first (a prefix: masses >= 0).
-        if GROUP > 0:
-            block, before = _blocks_holding(inclusive, group_last, u, GROUP)
-        else:
-            below = inclusive[None, :] <= u[:, None]
-            block = tl.sum(below.to(tl.int32), axis=1)
-            before = tl.max(tl.where(below, inclusive[None, :], 0), axis=1)
+    if AHEAD:  # the first round's proposals and loads
+        t, w2, w3, u, block, before = _proposal_blocks(inclusive, group_last, total, seed, position, first, ROUND,
+                                                       GROUP)
         v = block[:, None] * MASS_BLOCK + e[None, :]
-        in_row = v < vocab
-        z = load_logits(row_ptr, v, in_row)
-        q = tl.load(q_row_ptr + v, mask=in_row, other=0.0)
-        w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
+        live = (v < vocab) & (first < RESIDUAL_PROPOSALS)
+        raw_z = tl.load(row_ptr + v, mask=live, other=float("-inf"))
+        q = tl.load(q_row_ptr + v, mask=live, other=0.0)
+    while first < RESIDUAL_PROPOSALS:
+        if AHEAD:  # the next round's, before this round's test (not read here: no wait on them)
+            later = first + ROUND
+            next_t, next_w2, next_w3, next_u, next_block, next_before = _proposal_blocks(
+                inclusive, group_last, total, seed, position, later, ROUND, GROUP)
+            next_v = next_block[:, None] * MASS_BLOCK + e[None, :]
+            live = (next_v < vocab) & (later < RESIDUAL_PROPOSALS)
+            next_raw_z = tl.load(row_ptr + next_v, mask=live, other=float("-inf"))
+            next_q = tl.load(q_row_ptr + next_v, mask=live, other=0.0)
+        else:
+            t, w2, w3, u, block, before = _proposal_blocks(inclusive, group_last, total, seed, position, first,
+                                                           ROUND, GROUP)
+        v = block[:, None] * MASS_BLOCK + e[None, :]
+        if not AHEAD:
+            raw_z = tl.load(row_ptr + v, mask=v < vocab, other=float("-inf"))
+            q = tl.load(q_row_ptr + v, mask=v < vocab, other=0.0)
+        w = processed_weights(finite_logits(raw_z), max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
         m = _fixed_masses(w, 0.0, v, -1, vocab, z2, False)
         inside = tl.sum((tl.cumsum(m, axis=1) + before[:, None] <= u[:, None]).to(tl.int32), axis=1)
         # Each proposal's token (none, inside = MASS_BLOCK, only where W_x = R_x = 0 would be).
         found = inside < MASS_BLOCK
         x = tl.where(found, block * MASS_BLOCK + inside, 0)
         z_x = load_logits(row_ptr, x, found & (x < vocab))
-        q_x = tl.load(q_row_ptr + x, mask=found & (x < vocab), other=0.0)
+        if Q_TILE:  # the one entry of the block at ``inside`` (0 where none is: not found)
+            q_x = tl.sum(tl.where(e[None, :] == inside[:, None], q, 0.0), axis=1)
+        else:
+            q_x = tl.load(q_row_ptr + x, mask=found & (x < vocab), other=0.0)
         w_x = processed_weights(z_x, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
         m_x = _fixed_masses(w_x, 0.0, x, -1, vocab, z2, False)
         residual = _fixed_masses(w_x, q_x, x, -1, vocab, z2, True)
@@ -183,6 +219,9 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
         kept = tl.min(tl.where(kept, t, RESIDUAL_PROPOSALS), axis=0)
         token = tl.where(kept < RESIDUAL_PROPOSALS, tl.sum(tl.where(t == kept, x, 0), axis=0), -1).to(tl.int32)
         first = tl.where(kept < RESIDUAL_PROPOSALS, RESIDUAL_PROPOSALS, first + ROUND)
+        if AHEAD:
+            t, w2, w3, u, block, before, raw_z, q = (next_t, next_w2, next_w3, next_u, next_block, next_before,
+                                                     next_raw_z, next_q)
     return token
 
 
