@@ -178,10 +178,11 @@ def _peaked(inputs, vocab, edges, g):
 
 
 @needs_triton
-@pytest.mark.parametrize("ngram,group,ahead",
-                         [(False, 0, False), (False, 4, False), (False, 4, True), (True, 0, False)],
-                         ids=["draft", "draft-grouped", "draft-grouped-ahead", "ngram"])
-@pytest.mark.parametrize("with_top", [False, True], ids=["plain", "top"])
+@pytest.mark.parametrize("ngram,group,ahead,with_top",
+                         [(False, 0, False, False), (False, 0, False, True), (True, 0, False, False),
+                          (True, 0, False, True), (False, 4, False, False), (False, 4, True, False)],
+                         ids=["plain-draft", "top-draft", "plain-ngram", "top-ngram", "plain-draft-grouped",
+                              "plain-draft-grouped-ahead"])  # the search alone: top-k/top-p change the masses only
 def test_triton_draw_across_blocks_matches_reference(ngram, group, ahead, with_top, monkeypatch):
     """16-entry blocks (10 a row at V = 150, the last one partial) for the residual pass,
     8-entry ones (19) for the normaliser's masses: the block sums of both, the proposals'
