@@ -169,8 +169,9 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
     a later round finds its blocks loaded (the same proposals, tried in the same order).
     Q_TILE: each proposal's draft prob selected from its block's, loaded with the logits
     (without it that load is dead code, and the draft prob is a read of its own after the
-    scan). Bytes: per round one block of the row and of its draft probs per proposal (loaded
-    together: no load waits on the token); AHEAD, one round's more where the first is kept."""
+    scan). Bytes: per round one block of the row per proposal, and of its draft probs with
+    Q_TILE (loaded together: no load waits on the token), else one draft prob a proposal;
+    AHEAD, one round's more where the first is kept."""
     e = tl.arange(0, MASS_BLOCK)
     inclusive = tl.cumsum(block_sums, axis=0)
     group_last = inclusive  # a stand-in, unread, without GROUP
