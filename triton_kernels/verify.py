@@ -189,8 +189,9 @@ PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the 
 UNSCREENED_PROPOSAL_ROUND = 2
 # > 0 (a power of two): the proposals find their blocks in two levels, the last prefix sum of
 # each PROPOSAL_GROUP blocks, then the group's own (verify_sample._blocks_holding): about
-# 2 sqrt(blocks) compares a proposal instead of every block's (1002 at V = 128256). 0: off,
-# until measured on the GPU (bench/NOTES.md).
+# 2 sqrt(blocks) compares a proposal instead of every block's (1002 at V = 128256). 32 against
+# 0, H100 A/B (bench/NOTES.md): B=16 close drafts 36.1 -> 34.7 µs, B=64 close 96.8 -> 96.0,
+# default drafts within 0.3. Off (0) until the verify GPU tests have run with it on.
 PROPOSAL_GROUP = 0
 # True: each proposal round draws the next round's proposals and issues their blocks' loads
 # before its own test (verify_sample.propose_residual), so rounds after the first find them
