@@ -240,15 +240,16 @@ def test_triton_residual_draw_in_every_request(with_top, path, programs, ahead, 
     rows (19 blocks) is cut into 16 splits of 2 blocks (the last 6 empty) whose last
     arrival draws; with 3 programs, fewer than the requests, each row is one split and
     program 0 takes the first and the fourth. A greedy request and one without drafts
-    leave the programs to the others. "ahead": the proposal rounds with the next round's
-    loads issued first (PROPOSAL_AHEAD). int32 workspaces start as garbage: the decisions
-    zero the arrival counters, no memset (CPU, interpreter: the programs run one at a time,
-    in one order)."""
+    leave the programs to the others; the residual pass reads the requests 2 at a time
+    (RESIDUAL_SCAN), so finding the nth left to sample crosses chunks. "ahead": the
+    proposal rounds with the next round's loads issued first (PROPOSAL_AHEAD). int32
+    workspaces start as garbage: the decisions zero the arrival counters, no memset (CPU,
+    interpreter: the programs run one at a time, in one order)."""
     from specops.triton_kernels import verify as triton_verify
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
                         ("RESIDUAL_RESIDENT", programs // 4 if programs > 4 else programs), ("MASS_BLOCK", 4),
-                        ("PROPOSAL_AHEAD", ahead)):
+                        ("PROPOSAL_AHEAD", ahead), ("RESIDUAL_SCAN", 2)):
         monkeypatch.setattr(triton_verify, name, value)
     if programs <= 4:
         monkeypatch.setattr(triton_verify, "CPU_NUM_SMS", 1)
