@@ -191,8 +191,8 @@ UNSCREENED_PROPOSAL_ROUND = 2
 # each PROPOSAL_GROUP blocks, then the group's own (verify_sample._blocks_holding): about
 # 2 sqrt(blocks) compares a proposal instead of every block's (1002 at V = 128256). 32 against
 # 0, H100 A/B (bench/NOTES.md): B=16 close drafts 36.1 -> 34.7 µs, B=64 close 96.8 -> 96.0,
-# default drafts within 0.3. Off (0) until the verify GPU tests have run with it on.
-PROPOSAL_GROUP = 0
+# default drafts within 0.3. On since the A/B and GPU tests of 2026-12-07 (bench/NOTES.md).
+PROPOSAL_GROUP = 32
 # True: each proposal round draws the next round's proposals and issues their blocks' loads
 # before its own test (verify_sample.propose_residual), so rounds after the first find them
 # loaded. Prepared, not measured: off until an A/B on the GPU (bench/NOTES.md).
@@ -200,8 +200,8 @@ PROPOSAL_AHEAD = False
 # True: the kept test's draft prob of each proposal selected from its block's, loaded with
 # the block's logits (without it that load is dead code, compiled away, and the draft prob
 # a read from memory after the scan; the draft-probs row is not in any cache then).
-# Prepared, not measured: off until an A/B on the GPU (bench/NOTES.md).
-PROPOSAL_Q_TILE = False
+# On since the A/B and GPU tests of 2026-12-07 (bench/NOTES.md).
+PROPOSAL_Q_TILE = True
 DECIDE_WARPS = 8
 # Screened calls with draft probs of at most one request per SM: the decisions at 16 warps,
 # a program an SM (their proposals' tiles are latency-bound on a program's warps). H100 A/B
