@@ -189,18 +189,19 @@ PROPOSAL_ROUND = 4  # residual proposals tried at a time: most draws end in the 
 UNSCREENED_PROPOSAL_ROUND = 2
 # > 0 (a power of two): the proposals find their blocks in two levels, the last prefix sum of
 # each PROPOSAL_GROUP blocks, then the group's own (verify_sample._blocks_holding): about
-# 2 sqrt(blocks) compares a proposal instead of every block's (1002 at V = 128256). 32 against
-# 0, H100 A/B (bench/NOTES.md): B=16 close drafts 36.1 -> 34.7 µs, B=64 close 96.8 -> 96.0,
-# default drafts within 0.3. On since the A/B and GPU tests of 2026-12-07 (bench/NOTES.md).
+# 2 sqrt(blocks) compares a proposal instead of every block's (1002 at V = 128256). With
+# PROPOSAL_Q_TILE, against neither, H100 A/B (bench/NOTES.md, 2026-12-07): B=64 close drafts
+# 97.1 -> 95.6 µs, B=16 close 36.7 -> 35.1, B=16 default 30.0 -> 29.5, the other default
+# shapes within 0.2; screened calls only (B=1 13.3 -> 13.7).
 PROPOSAL_GROUP = 32
 # True: each proposal round draws the next round's proposals and issues their blocks' loads
 # before its own test (verify_sample.propose_residual), so rounds after the first find them
-# loaded. Prepared, not measured: off until an A/B on the GPU (bench/NOTES.md).
+# loaded. Off: it cost 2-5 µs at every shape (H100 A/B, bench/NOTES.md, 2026-12-07).
 PROPOSAL_AHEAD = False
 # True: the kept test's draft prob of each proposal selected from its block's, loaded with
 # the block's logits (without it that load is dead code, compiled away, and the draft prob
-# a read from memory after the scan; the draft-probs row is not in any cache then).
-# On since the A/B and GPU tests of 2026-12-07 (bench/NOTES.md).
+# a read from memory after the scan; the draft-probs row is not in any cache then). With
+# PROPOSAL_GROUP against it alone: B=64 close 96.1 -> 95.6, B=16 close 35.3 -> 35.1.
 PROPOSAL_Q_TILE = True
 DECIDE_WARPS = 8
 # Screened calls with draft probs of at most one request per SM: the decisions at 16 warps,
@@ -529,9 +530,10 @@ def launch_verify(
         MASS_BLOCK=mass_block,
         BLOCK_B=next_power_of_2(cdiv(vocab, mass_block)),
         PROPOSAL_ROUND=PROPOSAL_ROUND if screened else UNSCREENED_PROPOSAL_ROUND,
-        PROPOSAL_GROUP=min(PROPOSAL_GROUP, next_power_of_2(cdiv(vocab, mass_block))),
+        # Screened calls only: B=1 (unscreened) read 13.3 µs without, 13.6-13.7 with (H100 A/B).
+        PROPOSAL_GROUP=min(PROPOSAL_GROUP, next_power_of_2(cdiv(vocab, mass_block))) if screened else 0,
         PROPOSAL_AHEAD=bool(PROPOSAL_AHEAD),
-        PROPOSAL_Q_TILE=bool(PROPOSAL_Q_TILE),
+        PROPOSAL_Q_TILE=bool(PROPOSAL_Q_TILE) and screened,
         BLOCK_W=next_power_of_2(width), SCREENED=screen_launch,
         VERDICTS=test_steps or max_pass_tests, SLOT_STATS=test_steps,
         num_warps=(DECIDE_WARPS_ONE_PER_SM if screened and draft_probs is not None
