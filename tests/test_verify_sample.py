@@ -194,7 +194,8 @@ def test_triton_draw_across_blocks_matches_reference(ngram, group, ahead, with_t
     from specops.triton_kernels import verify as triton_verify
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
-                        ("MASS_BLOCK", 8), ("PROPOSAL_GROUP", group), ("PROPOSAL_AHEAD", ahead)):
+                        ("MASS_BLOCK", 8), ("PROPOSAL_GROUP", group), ("PROPOSAL_AHEAD", ahead),
+                        ("RESIDUAL_FEW_REQUESTS", 0)):
         monkeypatch.setattr(triton_verify, name, value)
     vocab = 150
     # The residual pass: 16 programs over rows of 10 blocks: one request left to sample
@@ -206,6 +207,20 @@ def test_triton_draw_across_blocks_matches_reference(ngram, group, ahead, with_t
         if seed > 0:
             inputs = _peaked(inputs, vocab, [15, 16, 31, 32, vocab - 1], g)
         assert_matches_reference(inputs, 4, "cpu", Backend.TRITON)
+
+
+def test_residual_programs_fewer_for_few_requests():
+    """The residual pass's grid: RESIDUAL_FEW_RESIDENT programs a SM up to
+    RESIDUAL_FEW_REQUESTS requests, RESIDUAL_RESIDENT past them, never more than the
+    requests' blocks (CPU: CPU_NUM_SMS SMs)."""
+    from specops.triton_kernels import verify as triton_verify
+
+    cpu, sms = torch.device("cpu"), triton_verify.CPU_NUM_SMS
+    few, vocab = triton_verify.RESIDUAL_FEW_REQUESTS, 128256
+    assert triton_verify.RESIDUAL_FEW_RESIDENT < triton_verify.RESIDUAL_RESIDENT
+    assert triton_verify.residual_programs(few, vocab, cpu) == triton_verify.RESIDUAL_FEW_RESIDENT * sms
+    assert triton_verify.residual_programs(few + 1, vocab, cpu) == triton_verify.RESIDUAL_RESIDENT * sms
+    assert triton_verify.residual_programs(1, triton_verify.BLOCK_V, cpu) == 1  # one block, one program
 
 
 class _GarbageTorch:
@@ -249,7 +264,7 @@ def test_triton_residual_draw_in_every_request(with_top, path, programs, ahead, 
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
                         ("RESIDUAL_RESIDENT", programs // 4 if programs > 4 else programs), ("MASS_BLOCK", 4),
-                        ("PROPOSAL_AHEAD", ahead), ("RESIDUAL_SCAN", 2)):
+                        ("PROPOSAL_AHEAD", ahead), ("RESIDUAL_SCAN", 2), ("RESIDUAL_FEW_REQUESTS", 0)):
         monkeypatch.setattr(triton_verify, name, value)
     if programs <= 4:
         monkeypatch.setattr(triton_verify, "CPU_NUM_SMS", 1)
@@ -300,17 +315,20 @@ def test_triton_later_proposal_rounds_match_reference(group, ahead, q_tile, monk
 @needs_triton
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
-@pytest.mark.parametrize("batch,vocab", [(3, 128256), (700, 4096)], ids=["few-requests", "more-than-programs"])
-def test_gpu_residual_pass_shares_its_programs(batch, vocab, monkeypatch):
-    """On the GPU, the launcher's own layout (RESIDUAL_RESIDENT programs a SM), every
-    random request's first draft rejected, a proposal kept for ~1.6% of them ("direct"): 3
-    requests at V = 128256 share the programs, each row cut into 63 one-block splits whose
-    arrivals race at once; the ~620 of 700 requests at V = 4096 left to sample outnumber
-    the programs (528 on an H100), one split a row, a program taking several. Both calls
+@pytest.mark.parametrize("batch,vocab,few", [(3, 128256, 16), (3, 128256, 0), (700, 4096, 16)],
+                         ids=["few-requests", "few-requests-4-an-sm", "more-than-programs"])
+def test_gpu_residual_pass_shares_its_programs(batch, vocab, few, monkeypatch):
+    """On the GPU, the launcher's own layout, every random request's first draft rejected,
+    a proposal kept for ~1.6% of them ("direct"): 3 requests at V = 128256 share the
+    programs (one a SM, RESIDUAL_FEW_RESIDENT: each row cut into 44 splits of 2 blocks, the
+    last 12 empty; with RESIDUAL_FEW_REQUESTS 0, 4 a SM: 63 one-block splits whose arrivals
+    race at once); the ~620 of 700 requests at V = 4096 left to sample outnumber the
+    programs (528 on an H100), one split a row, a program taking several. Both calls
     (log-probabilities: the screen launch; tokens only: the max pass's tests) return the
     reference's tokens."""
     from specops.triton_kernels import verify as triton_verify
 
+    monkeypatch.setattr(triton_verify, "RESIDUAL_FEW_REQUESTS", few)
     device = torch.device("cuda")
     programs = triton_verify.residual_programs(batch, vocab, device)
     assert (programs > batch) == (batch == 3)

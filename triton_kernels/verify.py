@@ -96,6 +96,13 @@ RESIDUAL_WARPS = 8
 # one register, outside the loop: sm_90, Triton 3.6.
 SUM_RESIDENT = 12
 RESIDUAL_RESIDENT = 4
+# At most RESIDUAL_FEW_REQUESTS requests: RESIDUAL_FEW_RESIDENT residual programs a SM. In
+# most calls no request reaches the pass, and each program only reads the sample_int column
+# and leaves. RESIDUAL_RESIDENT 1 against 4 at every B (H100 A/B, bench/NOTES.md, 2026-12-07):
+# B=16 default drafts 30.0 -> 29.2 µs, B=16 close 36.7 -> 36.1, but B=64 close 97.1 -> 97.8
+# (1-3 requests of 63 blocks each, past 132 programs), B=64 default and V=32000 within 0.2.
+RESIDUAL_FEW_REQUESTS = 16
+RESIDUAL_FEW_RESIDENT = 1
 RESIDUAL_SCAN = 1024  # requests the residual pass reads at a time to find those left to sample
 REGISTERS_PER_SM = 65536
 RESIDUAL_MAX_REGISTERS = REGISTERS_PER_SM // (RESIDUAL_RESIDENT * RESIDUAL_WARPS * 32)
@@ -259,10 +266,12 @@ def split_len_for(num_rows: int, vocab: int, device: torch.device) -> int:
 
 
 def residual_programs(batch: int, vocab: int, device: torch.device) -> int:
-    """Programs of the residual pass: RESIDUAL_RESIDENT per SM, no more than every
-    request's every BLOCK_V block (verify_sample.residual_sample_kernel shares them among
-    the requests left to sample)."""
-    return max(1, min(RESIDUAL_RESIDENT * multiprocessor_count(device, CPU_NUM_SMS), batch * cdiv(vocab, BLOCK_V)))
+    """Programs of the residual pass: RESIDUAL_RESIDENT per SM (RESIDUAL_FEW_RESIDENT for
+    at most RESIDUAL_FEW_REQUESTS requests), no more than every request's every BLOCK_V
+    block (verify_sample.residual_sample_kernel shares them among the requests left to
+    sample)."""
+    resident = RESIDUAL_FEW_RESIDENT if batch <= RESIDUAL_FEW_REQUESTS else RESIDUAL_RESIDENT
+    return max(1, min(resident * multiprocessor_count(device, CPU_NUM_SMS), batch * cdiv(vocab, BLOCK_V)))
 
 
 def kept_layout(num_programs: int, split_len: int, block: int, wanted_rows: int | None = None,
