@@ -178,24 +178,21 @@ def _peaked(inputs, vocab, edges, g):
 
 
 @needs_triton
-@pytest.mark.parametrize("ngram,group,ahead,with_top",
-                         [(False, 0, False, False), (False, 0, False, True), (True, 0, False, False),
-                          (True, 0, False, True), (False, 4, False, False), (False, 4, True, False)],
-                         ids=["plain-draft", "top-draft", "plain-ngram", "top-ngram", "plain-draft-grouped",
-                              "plain-draft-grouped-ahead"])  # the search alone: top-k/top-p change the masses only
-def test_triton_draw_across_blocks_matches_reference(ngram, group, ahead, with_top, monkeypatch):
+@pytest.mark.parametrize("ngram,group,with_top",
+                         [(False, 0, False), (False, 0, True), (True, 0, False), (True, 0, True), (False, 4, False)],
+                         ids=["plain-draft", "top-draft", "plain-ngram", "top-ngram",
+                              "plain-draft-grouped"])  # the search alone: top-k/top-p change the masses only
+def test_triton_draw_across_blocks_matches_reference(ngram, group, with_top, monkeypatch):
     """16-entry blocks (10 a row at V = 150, the last one partial) for the residual pass,
     8-entry ones (19) for the normaliser's masses: the block sums of both, the proposals'
     search, and the scan inside a block; mass on block edges (15/16, 31/32, the last token)
     or spread over the row (CPU, interpreter: rows of 150 cross every kind of edge rows of
     300 did, in fewer blocks for the searches' rounds to read); "grouped": the proposals'
-    block search in two levels of 4 of the 32 (PROPOSAL_GROUP); "ahead": each proposal round
-    loading the next one's blocks (PROPOSAL_AHEAD)."""
+    block search in two levels of 4 of the 32 (PROPOSAL_GROUP; else in one)."""
     from specops.triton_kernels import verify as triton_verify
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
-                        ("MASS_BLOCK", 8), ("PROPOSAL_GROUP", group), ("PROPOSAL_AHEAD", ahead),
-                        ("RESIDUAL_FEW_REQUESTS", 0)):
+                        ("MASS_BLOCK", 8), ("PROPOSAL_GROUP", group), ("RESIDUAL_FEW_REQUESTS", 0)):
         monkeypatch.setattr(triton_verify, name, value)
     vocab = 150
     # The residual pass: 16 programs over rows of 10 blocks: one request left to sample
@@ -239,12 +236,10 @@ class _GarbageTorch:
 
 
 @needs_triton  # top + proposal: test_verify_ops.py
-@pytest.mark.parametrize("with_top,path,programs,ahead", [(False, "proposal", 64, False), (False, "late", 64, False),
-                                                          (False, "late", 64, True), (False, "direct", 64, False),
-                                                          (False, "direct", 3, True), (True, "direct", 64, False)],
-                         ids=["plain-proposal", "plain-late", "plain-late-ahead", "plain-direct",
-                              "plain-direct-3-ahead", "top-direct"])
-def test_triton_residual_draw_in_every_request(with_top, path, programs, ahead, monkeypatch):
+@pytest.mark.parametrize("with_top,path,programs", [(False, "proposal", 64), (False, "late", 64),
+                                                     (False, "direct", 64), (False, "direct", 3), (True, "direct", 64)],
+                         ids=["plain-proposal", "plain-late", "plain-direct", "plain-direct-3", "top-direct"])
+def test_triton_residual_draw_in_every_request(with_top, path, programs, monkeypatch):
     """Four random requests reject their first draft (p ~ 0 there, q well above it): each
     draws its residual token. "proposal": q ~ 1 at the draft, so the residual is nearly p
     and a proposal is kept (in the decisions, 4-entry mass blocks);
@@ -256,15 +251,14 @@ def test_triton_residual_draw_in_every_request(with_top, path, programs, ahead, 
     arrival draws; with 3 programs, fewer than the requests, each row is one split and
     program 0 takes the first and the fourth. A greedy request and one without drafts
     leave the programs to the others; the residual pass reads the requests 2 at a time
-    (RESIDUAL_SCAN), so finding the nth left to sample crosses chunks. "ahead": the
-    proposal rounds with the next round's loads issued first (PROPOSAL_AHEAD). int32
-    workspaces start as garbage: the decisions zero the arrival counters, no memset (CPU,
-    interpreter: the programs run one at a time, in one order)."""
+    (RESIDUAL_SCAN), so finding the nth left to sample crosses chunks. int32 workspaces
+    start as garbage: the decisions zero the arrival counters, no memset (CPU, interpreter:
+    the programs run one at a time, in one order)."""
     from specops.triton_kernels import verify as triton_verify
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
                         ("RESIDUAL_RESIDENT", programs // 4 if programs > 4 else programs), ("MASS_BLOCK", 4),
-                        ("PROPOSAL_AHEAD", ahead), ("RESIDUAL_SCAN", 2), ("RESIDUAL_FEW_REQUESTS", 0)):
+                        ("RESIDUAL_SCAN", 2), ("RESIDUAL_FEW_REQUESTS", 0)):
         monkeypatch.setattr(triton_verify, name, value)
     if programs <= 4:
         monkeypatch.setattr(triton_verify, "CPU_NUM_SMS", 1)
@@ -288,17 +282,16 @@ def test_triton_residual_draw_in_every_request(with_top, path, programs, ahead, 
 
 
 @needs_triton
-@pytest.mark.parametrize("group,ahead,q_tile", [(0, False, False), (0, False, True), (8, True, True)],
-                         ids=["shipped", "q-tile", "grouped-ahead-q-tile"])
-def test_triton_later_proposal_rounds_match_reference(group, ahead, q_tile, monkeypatch):
+@pytest.mark.parametrize("group,q_tile", [(0, False), (0, True), (8, True)],
+                         ids=["one-level", "q-tile", "grouped-q-tile"])
+def test_triton_later_proposal_rounds_match_reference(group, q_tile, monkeypatch):
     """24 requests reject their first draft with a residual of ~0.15 of p ("late"): most
-    draws end in a later round of proposals than the first, where PROPOSAL_AHEAD's rounds
-    use the draws and loads the round before them issued; PROPOSAL_Q_TILE selects each
-    proposal's draft prob from its block's (CPU, interpreter)."""
+    draws end in a later round of proposals than the first; PROPOSAL_GROUP searches the
+    blocks in two levels, PROPOSAL_Q_TILE selects each proposal's draft prob from its
+    block's (CPU, interpreter)."""
     from specops.triton_kernels import verify as triton_verify
 
-    for name, value in (("MASS_BLOCK", 4), ("PROPOSAL_GROUP", group), ("PROPOSAL_AHEAD", ahead),
-                        ("PROPOSAL_Q_TILE", q_tile)):
+    for name, value in (("MASS_BLOCK", 4), ("PROPOSAL_GROUP", group), ("PROPOSAL_Q_TILE", q_tile)):
         monkeypatch.setattr(triton_verify, name, value)
     counts, vocab = [1] * 24, 256
     inputs = rejecting_first_drafts(make_inputs(counts, vocab, seed=5, greedy_fraction=0.0, with_top=False), "late")

@@ -201,10 +201,6 @@ UNSCREENED_PROPOSAL_ROUND = 2
 # 97.1 -> 95.6 µs, B=16 close 36.7 -> 35.1, B=16 default 30.0 -> 29.5, the other default
 # shapes within 0.2; screened calls only (B=1 13.3 -> 13.7).
 PROPOSAL_GROUP = 32
-# True: each proposal round draws the next round's proposals and issues their blocks' loads
-# before its own test (verify_sample.propose_residual), so rounds after the first find them
-# loaded. Off: it cost 2-5 µs at every shape (H100 A/B, bench/NOTES.md, 2026-12-07).
-PROPOSAL_AHEAD = False
 # True: the kept test's draft prob of each proposal selected from its block's, loaded with
 # the block's logits (without it that load is dead code, compiled away, and the draft prob
 # a read from memory after the scan; the draft-probs row is not in any cache then). With
@@ -541,7 +537,6 @@ def launch_verify(
         PROPOSAL_ROUND=PROPOSAL_ROUND if screened else UNSCREENED_PROPOSAL_ROUND,
         # Screened calls only: B=1 (unscreened) read 13.3 µs without, 13.6-13.7 with (H100 A/B).
         PROPOSAL_GROUP=min(PROPOSAL_GROUP, next_power_of_2(cdiv(vocab, mass_block))) if screened else 0,
-        PROPOSAL_AHEAD=bool(PROPOSAL_AHEAD),
         PROPOSAL_Q_TILE=bool(PROPOSAL_Q_TILE) and screened,
         BLOCK_W=next_power_of_2(width), SCREENED=screen_launch,
         VERDICTS=test_steps or max_pass_tests, SLOT_STATS=test_steps,

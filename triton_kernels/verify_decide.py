@@ -86,7 +86,6 @@ def decide_kernel(
     VERDICTS: tl.constexpr = False,  # not SCREENED: from the first step the max pass did not pass
     SLOT_STATS: tl.constexpr = False,  # (VERDICTS) the max pass stored each slot's statistics (verify_unscreened.py)
     PROPOSAL_GROUP: tl.constexpr = 0,  # > 0: the proposals' block search in two levels (propose_residual)
-    PROPOSAL_AHEAD: tl.constexpr = False,  # each proposal round loads the next one's blocks (propose_residual)
     PROPOSAL_Q_TILE: tl.constexpr = False,  # the proposals' draft probs from their blocks (propose_residual)
     PDL: tl.constexpr = False,
 ):
@@ -211,11 +210,10 @@ def decide_kernel(
                         if scale > 0.0:  # T = 2^n: exp's first step by one multiply (exponent_scale)
                             token = propose_residual(*proposing, max_logit, scale, kth, z1, p_min, z2, True,
                                                      HAS_TOP_P, MASS_BLOCK, PROPOSAL_ROUND, PROPOSAL_GROUP,
-                                                     PROPOSAL_AHEAD, PROPOSAL_Q_TILE)
+                                                     PROPOSAL_Q_TILE)
                         else:
                             token = propose_residual(*proposing, *params, False, HAS_TOP_P, MASS_BLOCK,
-                                                     PROPOSAL_ROUND, PROPOSAL_GROUP, PROPOSAL_AHEAD,
-                                                     PROPOSAL_Q_TILE)
+                                                     PROPOSAL_ROUND, PROPOSAL_GROUP, PROPOSAL_Q_TILE)
                         if token < 0:
                             tl.store(sample_int, i.to(tl.int64))
                             tl.store(sample_int + 1, position0 + i)

@@ -152,8 +152,7 @@ def _proposal_blocks(inclusive, group_last, total, seed, position, first, ROUND:
 @triton.jit
 def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, vocab, max_logit, temperature, kth, z1,
                      p_min, z2, MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr, MASS_BLOCK: tl.constexpr,
-                     ROUND: tl.constexpr, GROUP: tl.constexpr = 0, AHEAD: tl.constexpr = False,
-                     Q_TILE: tl.constexpr = False):
+                     ROUND: tl.constexpr, GROUP: tl.constexpr = 0, Q_TILE: tl.constexpr = False):
     """The first kept proposal of a residual draw (reference/verify.py), -1 when none is.
     ROUND proposals at a time (most draws end in the first round), each drawn by inversion
     from the normaliser's masses W, given their sums per MASS_BLOCK entries (``block_sums``
@@ -164,14 +163,10 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
     token's logit is read again (a line the block's load cached), not selected by a
     reduction.
     MULTIPLY: ``temperature`` holds log2(e) / T (exponent_scale). GROUP > 0: the block
-    search in two levels of GROUP (_blocks_holding), the same blocks. AHEAD: each round
-    draws the next round's proposals and issues their blocks' loads before its own test, so
-    a later round finds its blocks loaded (the same proposals, tried in the same order).
-    Q_TILE: each proposal's draft prob selected from its block's, loaded with the logits
+    search in two levels of GROUP (_blocks_holding), the same blocks. Q_TILE: each proposal's draft prob selected from its block's, loaded with the logits
     (without it that load is dead code, and the draft prob is a read of its own after the
     scan). Bytes: per round one block of the row per proposal, and of its draft probs with
-    Q_TILE (loaded together: no load waits on the token), else one draft prob a proposal;
-    AHEAD, one round's more where the first is kept."""
+    Q_TILE (loaded together: no load waits on the token), else one draft prob a proposal."""
     e = tl.arange(0, MASS_BLOCK)
     inclusive = tl.cumsum(block_sums, axis=0)
     group_last = inclusive  # a stand-in, unread, without GROUP
@@ -179,29 +174,12 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
         group_last = tl.max(tl.reshape(inclusive, [inclusive.numel // GROUP, GROUP]), axis=1)
     token = tl.full([], -1, tl.int32)
     first = tl.where(total > 0, 0, RESIDUAL_PROPOSALS)  # M_W = 0: no proposal
-    if AHEAD:  # the first round's proposals and loads
+    while first < RESIDUAL_PROPOSALS:
         t, w2, w3, u, block, before = _proposal_blocks(inclusive, group_last, total, seed, position, first, ROUND,
                                                        GROUP)
         v = block[:, None] * MASS_BLOCK + e[None, :]
-        live = (v < vocab) & (first < RESIDUAL_PROPOSALS)
-        raw_z = tl.load(row_ptr + v, mask=live, other=float("-inf"))
-        q = tl.load(q_row_ptr + v, mask=live, other=0.0)
-    while first < RESIDUAL_PROPOSALS:
-        if AHEAD:  # the next round's, before this round's test (not read here: no wait on them)
-            later = first + ROUND
-            next_t, next_w2, next_w3, next_u, next_block, next_before = _proposal_blocks(
-                inclusive, group_last, total, seed, position, later, ROUND, GROUP)
-            next_v = next_block[:, None] * MASS_BLOCK + e[None, :]
-            live = (next_v < vocab) & (later < RESIDUAL_PROPOSALS)
-            next_raw_z = tl.load(row_ptr + next_v, mask=live, other=float("-inf"))
-            next_q = tl.load(q_row_ptr + next_v, mask=live, other=0.0)
-        else:
-            t, w2, w3, u, block, before = _proposal_blocks(inclusive, group_last, total, seed, position, first,
-                                                           ROUND, GROUP)
-        v = block[:, None] * MASS_BLOCK + e[None, :]
-        if not AHEAD:
-            raw_z = tl.load(row_ptr + v, mask=v < vocab, other=float("-inf"))
-            q = tl.load(q_row_ptr + v, mask=v < vocab, other=0.0)
+        raw_z = tl.load(row_ptr + v, mask=v < vocab, other=float("-inf"))
+        q = tl.load(q_row_ptr + v, mask=v < vocab, other=0.0)
         w = processed_weights(finite_logits(raw_z), max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
         m = _fixed_masses(w, 0.0, v, -1, vocab, z2, False)
         inside = tl.sum((tl.cumsum(m, axis=1) + before[:, None] <= u[:, None]).to(tl.int32), axis=1)
@@ -220,9 +198,6 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
         kept = tl.min(tl.where(kept, t, RESIDUAL_PROPOSALS), axis=0)
         token = tl.where(kept < RESIDUAL_PROPOSALS, tl.sum(tl.where(t == kept, x, 0), axis=0), -1).to(tl.int32)
         first = tl.where(kept < RESIDUAL_PROPOSALS, RESIDUAL_PROPOSALS, first + ROUND)
-        if AHEAD:
-            t, w2, w3, u, block, before, raw_z, q = (next_t, next_w2, next_w3, next_u, next_block, next_before,
-                                                     next_raw_z, next_q)
     return token
 
 
