@@ -206,6 +206,12 @@ PROPOSAL_GROUP = 32
 # a read from memory after the scan; the draft-probs row is not in any cache then). With
 # PROPOSAL_GROUP against it alone: B=64 close 96.1 -> 95.6, B=16 close 35.3 -> 35.1.
 PROPOSAL_Q_TILE = True
+# True: fewer reductions a proposal round, the same values (verify_sample.propose_residual):
+# the drawn entry's place,
+# logit and draft prob in one (no reread of the logit), the kept proposal and its token in
+# one packed minimum. A screened round's CTA barriers (PTX, sm_90, 8 warps): 20 -> 14.
+# Prepared, not measured: off until an A/B on the GPU (bench/NOTES.md).
+PROPOSAL_PICK = False
 DECIDE_WARPS = 8
 # Screened calls with draft probs of at most one request per SM: the decisions at 16 warps,
 # a program an SM (their proposals' tiles are latency-bound on a program's warps). H100 A/B
@@ -538,6 +544,7 @@ def launch_verify(
         # Screened calls only: B=1 (unscreened) read 13.3 µs without, 13.6-13.7 with (H100 A/B).
         PROPOSAL_GROUP=min(PROPOSAL_GROUP, next_power_of_2(cdiv(vocab, mass_block))) if screened else 0,
         PROPOSAL_Q_TILE=bool(PROPOSAL_Q_TILE) and screened,
+        PROPOSAL_PICK=bool(PROPOSAL_PICK),
         BLOCK_W=next_power_of_2(width), SCREENED=screen_launch,
         VERDICTS=test_steps or max_pass_tests, SLOT_STATS=test_steps,
         num_warps=(DECIDE_WARPS_ONE_PER_SM if screened and draft_probs is not None
