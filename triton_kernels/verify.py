@@ -207,9 +207,9 @@ PROPOSAL_GROUP = 32
 # PROPOSAL_GROUP against it alone: B=64 close 96.1 -> 95.6, B=16 close 35.3 -> 35.1.
 PROPOSAL_Q_TILE = True
 # True: fewer reductions a proposal round, the same values (verify_sample.propose_residual):
-# the drawn entry's place,
-# logit and draft prob in one (no reread of the logit), the kept proposal and its token in
-# one packed minimum. A screened round's CTA barriers (PTX, sm_90, 8 warps): 20 -> 14.
+# the drawn entry's place, logit and draft prob in one (no reread of the logit), the kept
+# proposal and its token in one packed minimum. A screened round's CTA barriers (PTX, sm_90,
+# 8 or 16 warps): 20 -> 14.
 # Prepared, not measured: off until an A/B on the GPU (bench/NOTES.md).
 PROPOSAL_PICK = False
 DECIDE_WARPS = 8

@@ -167,16 +167,17 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
     sums <= U, the mass before it the largest such sum (two independent reductions of one
     scan, computed once for every proposal); then the entry inside the block; the chosen
     token's logit is read again (a line the block's load cached), not selected by a
-    reduction.
+    reduction (but with PICK).
     MULTIPLY: ``temperature`` holds log2(e) / T (exponent_scale). GROUP > 0: the block
-    search in two levels of GROUP (_blocks_holding), the same blocks. Q_TILE: each proposal's draft prob selected from its block's, loaded with the logits
-    (without it that load is dead code, and the draft prob is a read of its own after the
-    scan). PICK: two reductions a round fewer, the same values: the entry's place in its
-    block, its logit and its draft prob in one reduction (the entry is the one whose
-    exclusive prefix is <= U and inclusive one is not; no reread of its logit), and the
-    kept proposal and its token in one minimum of (t, x) packed in an int64. Bytes: per round one block of the row per proposal, and of its
-    draft probs with Q_TILE (loaded together: no load waits on the token), else one draft
-    prob a proposal."""
+    search in two levels of GROUP (_blocks_holding), the same blocks. Q_TILE: each
+    proposal's draft prob selected from its block's, loaded with the logits (without it
+    that load is dead code, and the draft prob is a read of its own after the scan).
+    PICK: two reductions a round fewer, the same values: the entry's place in its block,
+    its logit and its draft prob in one reduction (the entry is the one whose exclusive
+    prefix is <= U and inclusive one is not; no reread of its logit), and the kept
+    proposal and its token in one minimum of (t, x) packed in an int64. Bytes: per round
+    one block of the row per proposal, and of its draft probs with Q_TILE or PICK (loaded
+    together: no load waits on the token), else one draft prob a proposal."""
     e = tl.arange(0, MASS_BLOCK)
     inclusive = tl.cumsum(block_sums, axis=0)
     group_last = inclusive  # a stand-in, unread, without GROUP
