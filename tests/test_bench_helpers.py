@@ -181,7 +181,6 @@ def test_bench_verify_shapes_picks_the_named_and_rejects_an_unknown_name():
         bench_verify.pick_shapes(shapes, "1:4:128256:ngram,64:4:128256:randm")
 
 
-
 def test_trace_decide_finds_every_anchor_in_the_kernels():
     """bench/trace_decide.py patches a copy of the kernels' sources by text: every anchor it
     replaces or stamps after is still there and the patched copy imports (a stamp placed at

@@ -138,23 +138,6 @@ def _blocks_holding(inclusive, group_last, u, GROUP: tl.constexpr):
 
 
 @triton.jit
-def _proposal_blocks(inclusive, group_last, total, seed, position, first, ROUND: tl.constexpr, GROUP: tl.constexpr):
-    """Proposals first .. first + ROUND - 1 of a residual draw: (t, words 2 and 3 of each, its
-    draw U < ``total``, the block holding U, the mass before that block)."""
-    t = first + tl.arange(0, ROUND)
-    w0, w1, w2, w3 = philox_words(seed, position, PURPOSE_PROPOSE, t)
-    u = mulhi64(w0, w1, total)  # [ROUND], each < total
-    # The blocks whose inclusive prefix sum is <= U come first (a prefix: masses >= 0).
-    if GROUP > 0:
-        block, before = _blocks_holding(inclusive, group_last, u, GROUP)
-    else:
-        below = inclusive[None, :] <= u[:, None]
-        block = tl.sum(below.to(tl.int32), axis=1)
-        before = tl.max(tl.where(below, inclusive[None, :], 0), axis=1)
-    return t, w2, w3, u, block, before
-
-
-@triton.jit
 def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, vocab, max_logit, temperature, kth, z1,
                      p_min, z2, MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr, MASS_BLOCK: tl.constexpr,
                      ROUND: tl.constexpr, GROUP: tl.constexpr = 0, Q_TILE: tl.constexpr = False,
@@ -180,18 +163,25 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
     together: no load waits on the token), else one draft prob a proposal."""
     e = tl.arange(0, MASS_BLOCK)
     inclusive = tl.cumsum(block_sums, axis=0)
-    group_last = inclusive  # a stand-in, unread, without GROUP
     if GROUP > 0:  # each group's last prefix sum, once
         group_last = tl.max(tl.reshape(inclusive, [inclusive.numel // GROUP, GROUP]), axis=1)
     token = tl.full([], -1, tl.int32)
     first = tl.where(total > 0, 0, RESIDUAL_PROPOSALS)  # M_W = 0: no proposal
     while first < RESIDUAL_PROPOSALS:
-        t, w2, w3, u, block, before = _proposal_blocks(inclusive, group_last, total, seed, position, first, ROUND,
-                                                       GROUP)
+        t = first + tl.arange(0, ROUND)
+        w0, w1, w2, w3 = philox_words(seed, position, PURPOSE_PROPOSE, t)
+        u = mulhi64(w0, w1, total)  # [ROUND], each < total
+        # The blocks whose inclusive prefix sum is <= U come first (a prefix: masses >= 0).
+        if GROUP > 0:
+            block, before = _blocks_holding(inclusive, group_last, u, GROUP)
+        else:
+            below = inclusive[None, :] <= u[:, None]
+            block = tl.sum(below.to(tl.int32), axis=1)
+            before = tl.max(tl.where(below, inclusive[None, :], 0), axis=1)
         v = block[:, None] * MASS_BLOCK + e[None, :]
         raw_z = tl.load(row_ptr + v, mask=v < vocab, other=float("-inf"))
         q = tl.load(q_row_ptr + v, mask=v < vocab, other=0.0)
-        z = finite_logits(raw_z)
+        z = finite_logits(raw_z)  # both loads issued before either is used
         w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
         m = _fixed_masses(w, 0.0, v, -1, vocab, z2, False)
         inclusive_m = tl.cumsum(m, axis=1) + before[:, None]
