@@ -83,11 +83,11 @@ INSERTS = [
      f"    tl.store({ROW} + 4, _now(i))\n    tl.store({ROW} + 5, i.to(tl.int64))\n"),
     ("verify_sample.py", "        q = tl.load(q_row_ptr + v, mask=v < vocab, other=0.0)\n",
      "        tl.store(trace_row + 16 + first // ROUND, _now(tl.sum(block, axis=0)))\n"),
-    ("verify_sample.py", "            found = inside < MASS_BLOCK\n",  # the stamps trace the form without PICK
-     "            tl.store(trace_row + 8 + first // ROUND, _now(tl.sum(inside, axis=0)))\n"),
-    ("verify_sample.py", "            kept = tl.min(tl.where(kept, t, RESIDUAL_PROPOSALS), axis=0)\n",
-     "            tl.store(trace_row + 12 + first // ROUND, _now(kept))\n"
-     "            tl.store(trace_row + 7, (first // ROUND + 1).to(tl.int64))\n"),
+    ("verify_sample.py", "        found = inside < MASS_BLOCK\n",
+     "        tl.store(trace_row + 8 + first // ROUND, _now(tl.sum(inside, axis=0)))\n"),
+    ("verify_sample.py", "        kept = tl.min(tl.where(kept, t, RESIDUAL_PROPOSALS), axis=0)\n",
+     "        tl.store(trace_row + 12 + first // ROUND, _now(kept))\n"
+     "        tl.store(trace_row + 7, (first // ROUND + 1).to(tl.int64))\n"),
 ]
 
 

@@ -178,26 +178,21 @@ def _peaked(inputs, vocab, edges, g):
 
 
 @needs_triton
-@pytest.mark.parametrize("ngram,group,pick,with_top",
-                         [(False, 0, False, False), (False, 0, False, True), (True, 0, False, False),
-                          (True, 0, False, True), (False, 4, False, False), (False, 4, True, False),
-                          (False, 0, True, True)],
-                         ids=["plain-draft", "top-draft", "plain-ngram", "top-ngram", "plain-draft-grouped",
-                              "plain-draft-grouped-picked", "top-draft-picked"])
-def test_triton_draw_across_blocks_matches_reference(ngram, group, pick, with_top, monkeypatch):
+@pytest.mark.parametrize("ngram,group,with_top",
+                         [(False, 0, False), (False, 0, True), (True, 0, False), (True, 0, True), (False, 4, False)],
+                         ids=["plain-draft", "top-draft", "plain-ngram", "top-ngram",
+                              "plain-draft-grouped"])  # the search alone: top-k/top-p change the masses only
+def test_triton_draw_across_blocks_matches_reference(ngram, group, with_top, monkeypatch):
     """16-entry blocks (10 a row at V = 150, the last one partial) for the residual pass,
     8-entry ones (19) for the normaliser's masses: the block sums of both, the proposals'
     search, and the scan inside a block; mass on block edges (15/16, 31/32, the last token)
     or spread over the row (CPU, interpreter: rows of 150 cross every kind of edge rows of
     300 did, in fewer blocks for the searches' rounds to read); "grouped": the proposals'
-    block search in two levels of 4 of the 32 (PROPOSAL_GROUP; else in one); "picked": the
-    drawn entry, its logit and draft prob, and the kept proposal in fewer reductions
-    (PROPOSAL_PICK)."""
+    block search in two levels of 4 of the 32 (PROPOSAL_GROUP; else in one)."""
     from specops.triton_kernels import verify as triton_verify
 
     for name, value in (("BLOCK_V", 16), ("MIN_SPLIT_LEN", 64), ("PROGRAMS_PER_SM", 1), ("SUM_RESIDENT", 1),
-                        ("MASS_BLOCK", 8), ("PROPOSAL_GROUP", group), ("PROPOSAL_PICK", pick),
-                        ("RESIDUAL_FEW_REQUESTS", 0)):
+                        ("MASS_BLOCK", 8), ("PROPOSAL_GROUP", group), ("RESIDUAL_FEW_REQUESTS", 0)):
         monkeypatch.setattr(triton_verify, name, value)
     vocab = 150
     # The residual pass: 16 programs over rows of 10 blocks: one request left to sample
@@ -287,18 +282,16 @@ def test_triton_residual_draw_in_every_request(with_top, path, programs, monkeyp
 
 
 @needs_triton
-@pytest.mark.parametrize("group,q_tile,pick", [(0, False, False), (0, True, False), (8, True, False), (8, True, True)],
-                         ids=["one-level", "q-tile", "grouped-q-tile", "grouped-q-tile-picked"])
-def test_triton_later_proposal_rounds_match_reference(group, q_tile, pick, monkeypatch):
+@pytest.mark.parametrize("group,q_tile", [(0, False), (0, True), (8, True)],
+                         ids=["one-level", "q-tile", "grouped-q-tile"])
+def test_triton_later_proposal_rounds_match_reference(group, q_tile, monkeypatch):
     """24 requests reject their first draft with a residual of ~0.15 of p ("late"): most
     draws end in a later round of proposals than the first; PROPOSAL_GROUP searches the
     blocks in two levels, PROPOSAL_Q_TILE selects each proposal's draft prob from its
-    block's, PROPOSAL_PICK the entry, its logit and draft prob, and the kept proposal in
-    fewer reductions (CPU, interpreter)."""
+    block's (CPU, interpreter)."""
     from specops.triton_kernels import verify as triton_verify
 
-    for name, value in (("MASS_BLOCK", 4), ("PROPOSAL_GROUP", group), ("PROPOSAL_Q_TILE", q_tile),
-                        ("PROPOSAL_PICK", pick)):
+    for name, value in (("MASS_BLOCK", 4), ("PROPOSAL_GROUP", group), ("PROPOSAL_Q_TILE", q_tile)):
         monkeypatch.setattr(triton_verify, name, value)
     counts, vocab = [1] * 24, 256
     inputs = rejecting_first_drafts(make_inputs(counts, vocab, seed=5, greedy_fraction=0.0, with_top=False), "late")

@@ -101,6 +101,8 @@ RESIDUAL_RESIDENT = 4
 # and leaves. RESIDUAL_RESIDENT 1 against 4 at every B (H100 A/B, bench/NOTES.md, 2026-12-07):
 # B=16 default drafts 30.0 -> 29.2 µs, B=16 close 36.7 -> 36.1, but B=64 close 97.1 -> 97.8
 # (1-3 requests of 63 blocks each, past 132 programs), B=64 default and V=32000 within 0.2.
+# The rule itself against 0 (4 a SM everywhere), H100 A/B: B=16 29.8 -> 29.1, B=16 close
+# 34.6 -> 33.9, B=8 close 22.4 -> 22.0; 32 in place of 16: B=32 within 0.2 (noise).
 RESIDUAL_FEW_REQUESTS = 16
 RESIDUAL_FEW_RESIDENT = 1
 RESIDUAL_SCAN = 1024  # requests the residual pass reads at a time to find those left to sample
@@ -206,12 +208,6 @@ PROPOSAL_GROUP = 32
 # a read from memory after the scan; the draft-probs row is not in any cache then). With
 # PROPOSAL_GROUP against it alone: B=64 close 96.1 -> 95.6, B=16 close 35.3 -> 35.1.
 PROPOSAL_Q_TILE = True
-# True: fewer reductions a proposal round, the same values (verify_sample.propose_residual):
-# the drawn entry's place, logit and draft prob in one (no reread of the logit), the kept
-# proposal and its token in one packed minimum. A screened round's CTA barriers (PTX, sm_90,
-# 8 or 16 warps): 20 -> 14.
-# Prepared, not measured: off until an A/B on the GPU (bench/NOTES.md).
-PROPOSAL_PICK = False
 DECIDE_WARPS = 8
 # Screened calls with draft probs of at most one request per SM: the decisions at 16 warps,
 # a program an SM (their proposals' tiles are latency-bound on a program's warps). H100 A/B
@@ -544,7 +540,6 @@ def launch_verify(
         # Screened calls only: B=1 (unscreened) read 13.3 µs without, 13.6-13.7 with (H100 A/B).
         PROPOSAL_GROUP=min(PROPOSAL_GROUP, next_power_of_2(cdiv(vocab, mass_block))) if screened else 0,
         PROPOSAL_Q_TILE=bool(PROPOSAL_Q_TILE) and screened,
-        PROPOSAL_PICK=bool(PROPOSAL_PICK),
         BLOCK_W=next_power_of_2(width), SCREENED=screen_launch,
         VERDICTS=test_steps or max_pass_tests, SLOT_STATS=test_steps,
         num_warps=(DECIDE_WARPS_ONE_PER_SM if screened and draft_probs is not None

@@ -87,7 +87,6 @@ def decide_kernel(
     SLOT_STATS: tl.constexpr = False,  # (VERDICTS) the max pass stored each slot's statistics (verify_unscreened.py)
     PROPOSAL_GROUP: tl.constexpr = 0,  # > 0: the proposals' block search in two levels (propose_residual)
     PROPOSAL_Q_TILE: tl.constexpr = False,  # the proposals' draft probs from their blocks (propose_residual)
-    PROPOSAL_PICK: tl.constexpr = False,  # fewer reductions a proposal round (propose_residual)
     PDL: tl.constexpr = False,
 ):
     # Before the wait (PDL): the op's own inputs only (verify_math.chain_launch): every
@@ -211,10 +210,10 @@ def decide_kernel(
                         if scale > 0.0:  # T = 2^n: exp's first step by one multiply (exponent_scale)
                             token = propose_residual(*proposing, max_logit, scale, kth, z1, p_min, z2, True,
                                                      HAS_TOP_P, MASS_BLOCK, PROPOSAL_ROUND, PROPOSAL_GROUP,
-                                                     PROPOSAL_Q_TILE, PROPOSAL_PICK)
+                                                     PROPOSAL_Q_TILE)
                         else:
                             token = propose_residual(*proposing, *params, False, HAS_TOP_P, MASS_BLOCK,
-                                                     PROPOSAL_ROUND, PROPOSAL_GROUP, PROPOSAL_Q_TILE, PROPOSAL_PICK)
+                                                     PROPOSAL_ROUND, PROPOSAL_GROUP, PROPOSAL_Q_TILE)
                         if token < 0:
                             tl.store(sample_int, i.to(tl.int64))
                             tl.store(sample_int + 1, position0 + i)

@@ -115,11 +115,6 @@ def draw_token(block_sums, block_total, row_ptr, q_row_ptr, residual, draft, dra
 
 
 @triton.jit
-def _count_and_pick_combine(n1, f1, z1, q1, n2, f2, z2, q2):
-    return n1 + n2, f1 | f2, tl.where(f1 != 0, z1, z2), tl.where(f1 != 0, q1, q2)
-
-
-@triton.jit
 def _blocks_holding(inclusive, group_last, u, GROUP: tl.constexpr):
     """(block, mass before it) of each draw u [ROUND]: the count of the inclusive prefix
     sums ``inclusive`` [BLOCK_B] that are <= u and the largest of them (0 where none), as
@@ -140,8 +135,7 @@ def _blocks_holding(inclusive, group_last, u, GROUP: tl.constexpr):
 @triton.jit
 def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, vocab, max_logit, temperature, kth, z1,
                      p_min, z2, MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr, MASS_BLOCK: tl.constexpr,
-                     ROUND: tl.constexpr, GROUP: tl.constexpr = 0, Q_TILE: tl.constexpr = False,
-                     PICK: tl.constexpr = False):
+                     ROUND: tl.constexpr, GROUP: tl.constexpr = 0, Q_TILE: tl.constexpr = False):
     """The first kept proposal of a residual draw (reference/verify.py), -1 when none is.
     ROUND proposals at a time (most draws end in the first round), each drawn by inversion
     from the normaliser's masses W, given their sums per MASS_BLOCK entries (``block_sums``
@@ -150,16 +144,12 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
     sums <= U, the mass before it the largest such sum (two independent reductions of one
     scan, computed once for every proposal); then the entry inside the block; the chosen
     token's logit is read again (a line the block's load cached), not selected by a
-    reduction (but with PICK).
+    reduction.
     MULTIPLY: ``temperature`` holds log2(e) / T (exponent_scale). GROUP > 0: the block
     search in two levels of GROUP (_blocks_holding), the same blocks. Q_TILE: each
     proposal's draft prob selected from its block's, loaded with the logits (without it
-    that load is dead code, and the draft prob is a read of its own after the scan).
-    PICK: two reductions a round fewer, the same values: the entry's place in its block,
-    its logit and its draft prob in one reduction (the entry is the one whose exclusive
-    prefix is <= U and inclusive one is not; no reread of its logit), and the kept
-    proposal and its token in one minimum of (t, x) packed in an int64. Bytes: per round
-    one block of the row per proposal, and of its draft probs with Q_TILE or PICK (loaded
+    that load is dead code, and the draft prob is a read of its own after the scan). Bytes:
+    per round one block of the row per proposal, and of its draft probs with Q_TILE (loaded
     together: no load waits on the token), else one draft prob a proposal."""
     e = tl.arange(0, MASS_BLOCK)
     inclusive = tl.cumsum(block_sums, axis=0)
@@ -181,39 +171,23 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
         v = block[:, None] * MASS_BLOCK + e[None, :]
         raw_z = tl.load(row_ptr + v, mask=v < vocab, other=float("-inf"))
         q = tl.load(q_row_ptr + v, mask=v < vocab, other=0.0)
-        z = finite_logits(raw_z)  # both loads issued before either is used
-        w = processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
+        w = processed_weights(finite_logits(raw_z), max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
         m = _fixed_masses(w, 0.0, v, -1, vocab, z2, False)
-        inclusive_m = tl.cumsum(m, axis=1) + before[:, None]
-        if PICK:  # the entry: its exclusive prefix <= U < its inclusive one (then m > 0: in the row)
-            at = (inclusive_m > u[:, None]) & (inclusive_m - m <= u[:, None])
-            inside, found, z_x, q_x = tl.reduce(((inclusive_m <= u[:, None]).to(tl.int32), at.to(tl.int32), z, q), 1,
-                                                _count_and_pick_combine)
-            found = found != 0
-            z_x = tl.where(found, z_x, float("-inf"))  # load_logits' masked value
-            q_x = tl.where(found, q_x, 0.0)
-        else:
-            inside = tl.sum((inclusive_m <= u[:, None]).to(tl.int32), axis=1)
-            # Each proposal's token (none, inside = MASS_BLOCK, only where W_x = R_x = 0 would be).
-            found = inside < MASS_BLOCK
+        inside = tl.sum((tl.cumsum(m, axis=1) + before[:, None] <= u[:, None]).to(tl.int32), axis=1)
+        # Each proposal's token (none, inside = MASS_BLOCK, only where W_x = R_x = 0 would be).
+        found = inside < MASS_BLOCK
         x = tl.where(found, block * MASS_BLOCK + inside, 0)
-        if not PICK:
-            z_x = load_logits(row_ptr, x, found & (x < vocab))
-            if Q_TILE:  # the one entry of the block at ``inside`` (0 where none is: not found)
-                q_x = tl.sum(tl.where(e[None, :] == inside[:, None], q, 0.0), axis=1)
-            else:
-                q_x = tl.load(q_row_ptr + x, mask=found & (x < vocab), other=0.0)
+        z_x = load_logits(row_ptr, x, found & (x < vocab))
+        if Q_TILE:  # the one entry of the block at ``inside`` (0 where none is: not found)
+            q_x = tl.sum(tl.where(e[None, :] == inside[:, None], q, 0.0), axis=1)
+        else:
+            q_x = tl.load(q_row_ptr + x, mask=found & (x < vocab), other=0.0)
         w_x = processed_weights(z_x, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
         m_x = _fixed_masses(w_x, 0.0, x, -1, vocab, z2, False)
         residual = _fixed_masses(w_x, q_x, x, -1, vocab, z2, True)
         kept = mulhi64(w2, w3, m_x) < residual
-        if PICK:  # the first kept t and its x, packed: t < 2^31, 0 <= x < 2^31
-            key = tl.min(tl.where(kept, (t.to(tl.int64) << 32) | x.to(tl.int64), RESIDUAL_PROPOSALS << 32), axis=0)
-            kept = (key >> 32).to(tl.int32)
-            token = tl.where(kept < RESIDUAL_PROPOSALS, (key & 0xFFFFFFFF).to(tl.int32), -1)
-        else:
-            kept = tl.min(tl.where(kept, t, RESIDUAL_PROPOSALS), axis=0)
-            token = tl.where(kept < RESIDUAL_PROPOSALS, tl.sum(tl.where(t == kept, x, 0), axis=0), -1).to(tl.int32)
+        kept = tl.min(tl.where(kept, t, RESIDUAL_PROPOSALS), axis=0)
+        token = tl.where(kept < RESIDUAL_PROPOSALS, tl.sum(tl.where(t == kept, x, 0), axis=0), -1).to(tl.int32)
         first = tl.where(kept < RESIDUAL_PROPOSALS, RESIDUAL_PROPOSALS, first + ROUND)
     return token
 
