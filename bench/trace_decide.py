@@ -8,6 +8,7 @@ Each stamp reads the timer in a branch on the value it follows, and its own redu
 about a µs to the walk: compare stages within one run.
 
     python bench/trace_decide.py --shapes 16:4:128256:random,64:4:32000:random
+    python bench/trace_decide.py --set PROPOSAL_ROUND=16 --shapes 64:4:128256:random:dscale1:dnoise0.1
 
 Printed per shape (medians over --replays traced graph replays, µs from the normaliser's
 last program end): the normaliser's first release and last end, then per stage of the
@@ -118,14 +119,28 @@ def traced_package():
     return importlib.import_module("traced_kernels.verify")
 
 
+def apply_settings(settings: str, *modules) -> None:
+    """Launch constants ("NAME=VALUE,...", as ab_verify's --variant) set in each verify module
+    for the whole run: the traced copy and the kernels it is checked against."""
+    for setting in filter(None, settings.split(",")):
+        name, _, value = setting.partition("=")
+        for module in modules:
+            if not isinstance(getattr(module, name, None), int):
+                raise ValueError(f"--set: {name!r} is not a launch constant of {module.__name__}")
+            setattr(module, name, int(value))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="16:4:128256:random,64:4:32000:random,64:4:128256:random")
     parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--set", default="", metavar="NAME=VALUE[,NAME=VALUE]",
+                        help="launch constants for the run (e.g. PROPOSAL_ROUND=16: a round's stamps then cover 16)")
     args = parser.parse_args()
     device = torch.device("cuda")
     traced = traced_package()
     from specops.triton_kernels import verify as plain
+    apply_settings(args.set, traced, plain)
     stages = ("start", "released", "last test", "drawn", "end")
     for shape in args.shapes.split(","):
         torch.manual_seed(0)
