@@ -52,12 +52,15 @@ def add_set_option(parser: argparse.ArgumentParser) -> None:
                         help="override an integer launch constant of triton_kernels/verify.py")
 
 
-def apply_settings(settings: list[str]) -> None:
-    """Each --set NAME=VALUE, checked to name an integer launch constant."""
+def apply_settings(settings: list[str], *modules) -> None:
+    """Each --set NAME=VALUE, checked to name an integer launch constant, set in each of
+    ``modules`` (verify modules: triton_kernels/verify.py when none is given)."""
     for setting in settings:
-        name, value = setting.split("=")
-        assert isinstance(getattr(triton_verify, name), int), f"{name} is not a launch constant"
-        setattr(triton_verify, name, int(value))
+        name, _, value = setting.partition("=")
+        for module in modules or (triton_verify,):
+            if not isinstance(getattr(module, name, None), int):
+                raise ValueError(f"--set: {name!r} is not a launch constant of {module.__name__}")
+            setattr(module, name, int(value))
 
 
 def shape_parser(description: str, default_shapes: str, replays: int) -> argparse.ArgumentParser:

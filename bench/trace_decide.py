@@ -30,6 +30,7 @@ import torch
 
 import specops.triton_kernels as kernels
 from ab_verify import graph_of, shape_call
+from profile_verify import add_set_option, apply_settings
 
 NOW = '''
 
@@ -119,23 +120,11 @@ def traced_package():
     return importlib.import_module("traced_kernels.verify")
 
 
-def apply_settings(settings: str, *modules) -> None:
-    """Launch constants ("NAME=VALUE,...", as ab_verify's --variant) set in each verify module
-    for the whole run: the traced copy and the kernels it is checked against."""
-    for setting in filter(None, settings.split(",")):
-        name, _, value = setting.partition("=")
-        for module in modules:
-            if not isinstance(getattr(module, name, None), int):
-                raise ValueError(f"--set: {name!r} is not a launch constant of {module.__name__}")
-            setattr(module, name, int(value))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="16:4:128256:random,64:4:32000:random,64:4:128256:random")
     parser.add_argument("--replays", type=int, default=30)
-    parser.add_argument("--set", default="", metavar="NAME=VALUE[,NAME=VALUE]",
-                        help="launch constants for the run (e.g. PROPOSAL_ROUND=16: a round's stamps then cover 16)")
+    add_set_option(parser)  # in the traced copy and the kernels it is checked against (apply_settings)
     args = parser.parse_args()
     device = torch.device("cuda")
     traced = traced_package()

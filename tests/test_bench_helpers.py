@@ -192,14 +192,15 @@ def test_trace_decide_finds_every_anchor_in_the_kernels():
 
 
 def test_trace_decide_sets_launch_constants_in_both_copies():
-    """trace_decide --set changes a launch constant in the traced copy and in the kernels it
-    is checked against alike, and names an argument that is not one."""
+    """trace_decide --set (profile_verify's option) changes a launch constant in the traced
+    copy and in the kernels it is checked against alike, and names an argument that is not
+    one."""
     trace_decide = load_bench("trace_decide")
     first = types.SimpleNamespace(__name__="first", PROPOSAL_ROUND=4, BLOCK_V=2048)
     second = types.SimpleNamespace(__name__="second", PROPOSAL_ROUND=4, BLOCK_V=2048)
-    trace_decide.apply_settings("PROPOSAL_ROUND=16,BLOCK_V=1024", first, second)
+    trace_decide.apply_settings(["PROPOSAL_ROUND=16", "BLOCK_V=1024"], first, second)
     assert (first.PROPOSAL_ROUND, second.PROPOSAL_ROUND, first.BLOCK_V, second.BLOCK_V) == (16, 16, 1024, 1024)
-    trace_decide.apply_settings("", first)
+    trace_decide.apply_settings([], first)
     assert first.PROPOSAL_ROUND == 16
     with pytest.raises(ValueError, match="PROPOSAL_RUND"):
-        trace_decide.apply_settings("PROPOSAL_RUND=8", first)
+        trace_decide.apply_settings(["PROPOSAL_RUND=8"], first)
