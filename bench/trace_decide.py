@@ -62,8 +62,6 @@ REPLACES = [
     ("verify_sample.py", "def propose_residual(block_sums,", "def propose_residual(trace_row, block_sums,"),
     ("verify_decide.py", "token = propose_residual(*proposing, max_logit",
      f"token = propose_residual({ROW}, *proposing, max_logit"),
-    ("verify_decide.py", "token = propose_residual(*proposing, *params",
-     f"token = propose_residual({ROW}, *proposing, *params"),
 ]
 # (file, anchor, stamp put after it)
 INSERTS = [

@@ -23,7 +23,7 @@ if triton_available():
     import triton
     import triton.language as tl
 
-    from specops.triton_kernels.verify_math import exponent_scale, fixed_weights, processed_weights
+    from specops.triton_kernels.verify_math import exponent_scale, fixed_weights, processed_weights, scaled_weights
     from specops.triton_kernels.verify_math import fixed_exp as triton_fixed_exp
     from specops.triton_kernels.verify_math import repro_exp as triton_exp
     from specops.triton_kernels.verify_math import repro_log as triton_log
@@ -72,6 +72,16 @@ if triton_available():
             tl.store(out_ptr + i * 5 + c, columns[c].to(tl.int32, bitcast=True).to(tl.int64), mask=mask)
         tl.store(out_ptr + i * 5 + 3, fixed_weights(z, m, folded, kth, True, False), mask=mask)
         tl.store(out_ptr + i * 5 + 4, fixed_weights(z, m, t, kth, False, False), mask=mask)
+
+    @triton.jit
+    def _scaled_kernel(out_ptr, z_ptr, max_ptr, t_ptr, BLOCK: tl.constexpr):
+        """scaled_weights' weights (bits, int64) of BLOCK entries a program, which share one
+        temperature (its branch is on a scalar, as in the proposals)."""
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        t = tl.load(t_ptr + tl.program_id(0) * BLOCK)
+        w = scaled_weights(tl.load(z_ptr + i), tl.load(max_ptr + i), t, exponent_scale(t), float("-inf"), 1.0, 0.0,
+                           False)
+        tl.store(out_ptr + i, w.to(tl.int32, bitcast=True).to(tl.int64))
 
 
 def _arguments() -> torch.Tensor:
@@ -158,7 +168,9 @@ def test_exponent_scale_folds_exp_first_step_bit_for_bit(device):
     """The kernels' multiply path for a power of two T: (z - max) (log2(e) / T) in place of
     ((z - max) / T) log2(e) gives the same weight and fixed-point term as the division, bit
     for bit, at every such T with a normal inverse and at differences that are subnormal or
-    leave the float range; every other T (2^127, the neighbours, 3, 0.7) gets no scale."""
+    leave the float range; every other T (2^127, the neighbours, 3, 0.7) gets no scale.
+    scaled_weights, which takes either path by the scale, gives the division's weight at
+    every T."""
     z, m, t = _folded_cases()
     n = z.numel()
     out = torch.full((n, 5), -7, dtype=torch.int64, device=device)  # poisoned: every entry written
@@ -173,6 +185,9 @@ def test_exponent_scale_folds_exp_first_step_bit_for_bit(device):
     assert torch.equal(scale[foldable], (1.0 / t[foldable]) * torch.tensor(1.4426950408889634, dtype=torch.float32))
     assert torch.equal(out[foldable, 1], out[foldable, 2]), "weights differ between multiply and division"
     assert torch.equal(out[foldable, 3], out[foldable, 4]), "fixed-point terms differ between multiply and division"
+    scaled = torch.full((n,), -7, dtype=torch.int64, device=device)  # poisoned
+    _scaled_kernel[(n // 64,)](scaled, z.to(device), m.to(device), t.to(device), BLOCK=64, enable_fp_fusion=False)
+    assert torch.equal(scaled.cpu(), out[:, 2]), "scaled_weights differs from the division"
     weights = out[foldable, 1].to(torch.int32).view(torch.float32)
     assert not torch.isnan(weights).any() and (weights == 1).sum() > 100 and (weights == 0).sum() > 100
     assert ((weights > 0) & (weights < 1)).sum() > 1000

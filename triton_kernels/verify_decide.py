@@ -206,14 +206,11 @@ def decide_kernel(
                     if ~is_bonus & (HAS_DRAFT_PROBS != 0):  # proposals, else the residual masses' own pass
                         proposing = (block_sums, mass_total, row_ptr, draft_probs_ptr + t.to(tl.int64) * vocab, seed,
                                      position0 + i, vocab)
-                        scale = exponent_scale(temperature)
-                        if scale > 0.0:  # T = 2^n: exp's first step by one multiply (exponent_scale)
-                            token = propose_residual(*proposing, max_logit, scale, kth, z1, p_min, z2, True,
-                                                     HAS_TOP_P, MASS_BLOCK, PROPOSAL_ROUND, PROPOSAL_GROUP,
-                                                     PROPOSAL_Q_TILE)
-                        else:
-                            token = propose_residual(*proposing, *params, False, HAS_TOP_P, MASS_BLOCK,
-                                                     PROPOSAL_ROUND, PROPOSAL_GROUP, PROPOSAL_Q_TILE)
+                        # One call for both forms of exp's first step (scaled_weights): the
+                        # proposals' code once.
+                        token = propose_residual(*proposing, max_logit, temperature, exponent_scale(temperature), kth,
+                                                 z1, p_min, z2, HAS_TOP_P, MASS_BLOCK, PROPOSAL_ROUND, PROPOSAL_GROUP,
+                                                 PROPOSAL_Q_TILE)
                         if token < 0:
                             tl.store(sample_int, i.to(tl.int64))
                             tl.store(sample_int + 1, position0 + i)

@@ -242,6 +242,22 @@ def processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY: tl.co
 
 
 @triton.jit
+def scaled_weights(z, max_logit, temperature, scale, kth, z1, p_min, TOP_P: tl.constexpr):
+    """processed_weights at either temperature: exp's first step by one multiply where
+    ``scale`` (exponent_scale(temperature)) is > 0, else by the division; the branch on the
+    scalar holds the first step alone, so a caller has one copy of the rest (with
+    processed_weights' MULTIPLY, one a form)."""
+    if scale > 0.0:
+        y = (z - max_logit) * scale
+    else:
+        y = tl.math.div_rn(z - max_logit, temperature) * LOG2E
+    w = tl.where(z >= kth, exp_of_exponent(y), 0.0)
+    if TOP_P:
+        w = top_p_weights(w, z1, p_min)
+    return w
+
+
+@triton.jit
 def fixed_weights(z, max_logit, temperature, kth, MULTIPLY: tl.constexpr, HAS_TOP_K: tl.constexpr):
     """floor(w 2^40) as int64 of the processed weights without top-p (processed_weights), by
     fixed_exp; 0 where z = -inf. HAS_TOP_K False: kth is -inf (no compare issued).

@@ -34,6 +34,7 @@ from .verify_math import (
     philox_words,
     probs,
     processed_weights,
+    scaled_weights,
 )
 from .verify_slots import slot_row
 
@@ -133,8 +134,8 @@ def _blocks_holding(inclusive, group_last, u, GROUP: tl.constexpr):
 
 
 @triton.jit
-def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, vocab, max_logit, temperature, kth, z1,
-                     p_min, z2, MULTIPLY: tl.constexpr, HAS_TOP_P: tl.constexpr, MASS_BLOCK: tl.constexpr,
+def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, vocab, max_logit, temperature, scale, kth,
+                     z1, p_min, z2, HAS_TOP_P: tl.constexpr, MASS_BLOCK: tl.constexpr,
                      ROUND: tl.constexpr, GROUP: tl.constexpr = 0, Q_TILE: tl.constexpr = False):
     """The first kept proposal of a residual draw (reference/verify.py), -1 when none is.
     ROUND proposals at a time (most draws end in the first round), each drawn by inversion
@@ -145,7 +146,7 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
     scan, computed once for every proposal); then the entry inside the block; the chosen
     token's logit is read again (a line the block's load cached), not selected by a
     reduction.
-    MULTIPLY: ``temperature`` holds log2(e) / T (exponent_scale). GROUP > 0: the block
+    ``scale``: exponent_scale(temperature) (scaled_weights). GROUP > 0: the block
     search in two levels of GROUP (_blocks_holding), the same blocks. Q_TILE: each
     proposal's draft prob selected from its block's, loaded with the logits (without it
     that load is dead code, and the draft prob is a read of its own after the scan). Bytes:
@@ -171,7 +172,7 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
         v = block[:, None] * MASS_BLOCK + e[None, :]
         raw_z = tl.load(row_ptr + v, mask=v < vocab, other=float("-inf"))
         q = tl.load(q_row_ptr + v, mask=v < vocab, other=0.0)
-        w = processed_weights(finite_logits(raw_z), max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
+        w = scaled_weights(finite_logits(raw_z), max_logit, temperature, scale, kth, z1, p_min, HAS_TOP_P)
         m = _fixed_masses(w, 0.0, v, -1, vocab, z2, False)
         inside = tl.sum((tl.cumsum(m, axis=1) + before[:, None] <= u[:, None]).to(tl.int32), axis=1)
         # Each proposal's token (none, inside = MASS_BLOCK, only where W_x = R_x = 0 would be).
@@ -182,7 +183,7 @@ def propose_residual(block_sums, total, row_ptr, q_row_ptr, seed, position, voca
             q_x = tl.sum(tl.where(e[None, :] == inside[:, None], q, 0.0), axis=1)
         else:
             q_x = tl.load(q_row_ptr + x, mask=found & (x < vocab), other=0.0)
-        w_x = processed_weights(z_x, max_logit, temperature, kth, z1, p_min, MULTIPLY, HAS_TOP_P)
+        w_x = scaled_weights(z_x, max_logit, temperature, scale, kth, z1, p_min, HAS_TOP_P)
         m_x = _fixed_masses(w_x, 0.0, x, -1, vocab, z2, False)
         residual = _fixed_masses(w_x, q_x, x, -1, vocab, z2, True)
         kept = mulhi64(w2, w3, m_x) < residual
