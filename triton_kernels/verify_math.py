@@ -244,9 +244,9 @@ def processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY: tl.co
 @triton.jit
 def scaled_weights(z, max_logit, temperature, scale, kth, z1, p_min, TOP_P: tl.constexpr):
     """processed_weights at either temperature: exp's first step by one multiply where
-    ``scale`` (exponent_scale(temperature)) is > 0, else by the division; the branch on the
-    scalar holds the first step alone, so a caller has one copy of the rest (with
-    processed_weights' MULTIPLY, one a form)."""
+    ``scale`` (exponent_scale(temperature)) is > 0, else by the division. The branch on the
+    scalar holds that step alone, so a caller compiles the rest once, where processed_weights'
+    constexpr MULTIPLY needs a copy of the caller's code for each form."""
     if scale > 0.0:
         y = (z - max_logit) * scale
     else:
