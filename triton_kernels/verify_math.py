@@ -228,17 +228,32 @@ def exponent_scale(temperature):
 
 
 @triton.jit
-def processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY: tl.constexpr, TOP_P: tl.constexpr):
-    """The processed weights: exp((z - max) / T) after top-k and (TOP_P) top-p, the terms of
-    the exact normaliser. MULTIPLY: ``temperature`` holds log2(e) / T (exponent_scale: exp's
-    first step folded into one multiply, bit for bit)."""
+def first_step(z, max_logit, temperature, MULTIPLY: tl.constexpr):
+    """exp's first step, y = ((z - max) / T) log2(e) rounded, by the division; MULTIPLY:
+    ``temperature`` holds log2(e) / T (exponent_scale: the step folded into one multiply,
+    bit for bit)."""
     if MULTIPLY:
-        w = tl.where(z >= kth, exp_of_exponent((z - max_logit) * temperature), 0.0)
+        y = (z - max_logit) * temperature
     else:
-        w = weights(z, max_logit, temperature, kth)
+        y = tl.math.div_rn(z - max_logit, temperature) * LOG2E
+    return y
+
+
+@triton.jit
+def _kept_weights(top_k_kept, y, z1, p_min, TOP_P: tl.constexpr):
+    """exp from its first step's y where top-k keeps the entry (z >= kth), else 0; then
+    (TOP_P) top-p's."""
+    w = tl.where(top_k_kept, exp_of_exponent(y), 0.0)
     if TOP_P:
         w = top_p_weights(w, z1, p_min)
     return w
+
+
+@triton.jit
+def processed_weights(z, max_logit, temperature, kth, z1, p_min, MULTIPLY: tl.constexpr, TOP_P: tl.constexpr):
+    """The processed weights: exp((z - max) / T) after top-k and (TOP_P) top-p, the terms of
+    the exact normaliser. MULTIPLY: ``temperature`` holds log2(e) / T (first_step)."""
+    return _kept_weights(z >= kth, first_step(z, max_logit, temperature, MULTIPLY), z1, p_min, TOP_P)
 
 
 @triton.jit
@@ -248,24 +263,18 @@ def scaled_weights(z, max_logit, temperature, scale, kth, z1, p_min, TOP_P: tl.c
     scalar holds that step alone, so a caller compiles the rest once, where processed_weights'
     constexpr MULTIPLY needs a copy of the caller's code for each form."""
     if scale > 0.0:
-        y = (z - max_logit) * scale
+        y = first_step(z, max_logit, scale, True)
     else:
-        y = tl.math.div_rn(z - max_logit, temperature) * LOG2E
-    w = tl.where(z >= kth, exp_of_exponent(y), 0.0)
-    if TOP_P:
-        w = top_p_weights(w, z1, p_min)
-    return w
+        y = first_step(z, max_logit, temperature, False)
+    return _kept_weights(z >= kth, y, z1, p_min, TOP_P)
 
 
 @triton.jit
 def fixed_weights(z, max_logit, temperature, kth, MULTIPLY: tl.constexpr, HAS_TOP_K: tl.constexpr):
     """floor(w 2^40) as int64 of the processed weights without top-p (processed_weights), by
     fixed_exp; 0 where z = -inf. HAS_TOP_K False: kth is -inf (no compare issued).
-    MULTIPLY: ``temperature`` holds log2(e) / T (exponent_scale)."""
-    if MULTIPLY:
-        y = (z - max_logit) * temperature
-    else:
-        y = tl.math.div_rn(z - max_logit, temperature) * LOG2E
+    MULTIPLY: ``temperature`` holds log2(e) / T (first_step)."""
+    y = first_step(z, max_logit, temperature, MULTIPLY)
     if HAS_TOP_K:
         y = tl.where(z >= kth, y, float("-inf"))
     return fixed_exp_of_exponent(y)
