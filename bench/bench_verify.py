@@ -31,8 +31,9 @@ the rounds' medians, ``us_rounds`` the rounds' own. An eager call at B = 1-16 is
 host's submission, which drifts within a run: timed one after another, the same call read
 42 µs in one run and 55 in the next, and two backends' order flipped between runs.
 
-specops rows on a GPU also carry ``us_graph``: the same call captured in a CUDA graph and
-replayed (no Python or launch overhead; how an engine runs its step), timed as ANCHORS.md
+specops and FlashInfer rows on a GPU also carry ``us_graph``: the same call captured in a CUDA
+graph and replayed (no Python or launch overhead; how an engine runs its step; FlashInfer's
+draws then replay the seed and offset its capture took, the same kernels), timed as ANCHORS.md
 times (events around each replay), and ``us_graph_queued``: the same replays with the GPU
 queue kept ahead of the host (common.time_us), the GPU's time alone. The two differ where a
 replay takes less GPU time than the host takes to submit it (B = 1: then each event
@@ -67,6 +68,9 @@ from bench_sampling import (
 )
 from specops.reference.verify import verify as reference_verify
 
+# Rows also timed as CUDA-graph replays: specops' and FlashInfer's (a peer's replays beside
+# ours, the same measure; its eager row stays where its call cannot be captured).
+GRAPHED = ("specops", "flashinfer")
 EAGER_ROUNDS = 5  # rounds of a shape's eager calls in turn (common.time_in_turns)
 CHECKED_REQUESTS = 4  # requests compared with the reference per shape (the reference is slow)
 # (B, k, V, mode) -> FlashInfer "full" µs on an H100, from ANCHORS.md section 1.
@@ -246,10 +250,17 @@ def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters, top_k=None,
                "floor_us": round(floor_bytes(B, k, V, x.mode) / copy_bw_tbs / 1e6, 2)}
         if accepted is not None:
             row["accepted"] = round(accepted, 3)
-        if impl.startswith("specops") and device.type == "cuda":
-            row["us_graph"] = round(graph_time_us(fn, device, iters), 2)
-            row["us_graph_queued"] = round(graph_time_us(fn, device, iters, queued=True), 2)
-            if (clock := common.sm_clock_mhz(device)) is not None:
+        if impl.startswith(GRAPHED) and device.type == "cuda":
+            try:
+                row["us_graph"] = round(graph_time_us(fn, device, iters), 2)
+                row["us_graph_queued"] = round(graph_time_us(fn, device, iters, queued=True), 2)
+            except Exception as error:  # noqa: BLE001 -- a peer's uncapturable call keeps its eager row
+                if impl.startswith("specops"):
+                    raise
+                torch.cuda.synchronize()
+                print(f"no CUDA graph for {impl} B={B} k={k} V={V} {mode}: {type(error).__name__}: {error}")
+                note = "; ".join(filter(None, (note, "not capturable in a CUDA graph")))
+            if (clock := common.sm_clock_mhz(device)) is not None and "us_graph" in row:
                 row["sm_clock_mhz"] = clock  # read just after the replays
         rows.append(row | ({"note": note} if note else {}))
     return rows

@@ -8,6 +8,7 @@ names bench_verify --shapes picks shapes by, and trace_decide's patches of the k
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import types
 from pathlib import Path
@@ -204,3 +205,24 @@ def test_trace_decide_sets_launch_constants_in_both_copies():
     assert first.PROPOSAL_ROUND == 16
     with pytest.raises(ValueError, match="PROPOSAL_RUND"):
         trace_decide.apply_settings(["PROPOSAL_RUND=8"], first)
+
+
+def test_read_balance_probe_sums_every_pair_once_in_both_forms():
+    """bench/probe_read_balance.py's kernel (the interpreter): static and dynamic forms sum
+    k * v over each (sequence, KV head)'s keys as torch does, and a dynamic launch leaves its
+    chunk counter at 0, so the next launch (a graph's next replay) hands every chunk out again
+    (a counter left at the chunks' count would sum nothing the second time)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("a check of the probe's kernel under the Triton interpreter; the probe runs on the GPU")
+    sweep_attention = load_bench("sweep_attention")
+    probe = load_bench("probe_read_balance")
+    _query, keys, values, table, *_ = sweep_attention.inputs(2, 64, 1, 32, 8, 128, torch.device("cpu"))
+    want = probe.expected_sums(keys, values, table, 64)
+    for programs_per_sm, chunks in ((0, 1), (2, 1), (3, 4)):
+        call, out = probe.launcher(keys, values, table, 64, programs_per_sm, chunks, 16, 2, 4)
+        for _ in range(2):
+            out.zero_()
+            call()
+            assert torch.allclose(out, want, rtol=1e-3, atol=1e-2), (programs_per_sm, chunks, out, want)
+    with pytest.raises(ValueError, match="do not split"):
+        probe.launcher(keys, values, table, 64, 2, 3, 16, 2, 4)
