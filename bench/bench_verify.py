@@ -179,15 +179,7 @@ def graph_time_us(fn, device, iters: int, queued: bool = False) -> float:
     without the Python and launch overhead of an eager call (how engines run a step).
     ``queued``: with the GPU queue kept ahead of the host (common.time_us), so a replay
     shorter than its own host submission is not timed with that submission."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return common.time_us(graph.replay, device, iters=iters, queued=queued)
+    return common.time_us(common.captured(fn).replay, device, iters=iters, queued=queued)
 
 
 def bench_shape(x, device, backends, flashinfer, copy_bw_tbs, iters, top_k=None, top_p=None,

@@ -24,6 +24,20 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def captured(launches: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """``launches`` (a call making the launches) run once on a side stream (compiles and
+    allocates outside the graph), then captured in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        launches()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launches()
+    return graph
+
+
 def time_us(fn: Callable[[], object], device: torch.device, warmup: int = 10, iters: int = 50,
             queued: bool = False) -> float:
     """Median wall time of one call of ``fn`` in microseconds (CUDA: events around each call).

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
@@ -31,10 +30,10 @@ import triton
 import triton.language as tl
 from common import copy_bandwidth_tbs
 from sweep_attention import inputs
+from trace_attention import REPS, captured, per_launch_us
 
 import specops
 
-REPS = 8
 # Registers a thread, capped so that 4 programs of 4 warps fit an SM, as the attention
 # kernel's decode tile (offline sm_90: the static form takes 128 uncapped, the dynamic one 152,
 # which the cap brings to 128 with a 12-byte spill).
@@ -121,31 +120,6 @@ def expected_sums(key_cache, value_cache, block_table, L) -> torch.Tensor:
     return (keys * values).sum(dim=(1, 3)).flatten()
 
 
-def per_launch_us(call, reps: int = REPS, rounds: int = 20) -> float:
-    """Median per launch of a CUDA graph of ``reps`` launches."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(reps):
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times)
-
-
 FORMS = [  # (programs an SM (0: static), chunks a pair, BLOCK_N, stages, warps)
     (0, 1, 64, 2, 4), (0, 1, 32, 3, 4),
     (4, 1, 64, 2, 4), (4, 2, 64, 2, 4), (4, 4, 64, 2, 4), (4, 8, 64, 2, 4), (4, 16, 64, 2, 4),
@@ -177,7 +151,7 @@ def probe_shape(B: int, L: int, device, copy_bw: float, forms=FORMS) -> list[dic
             torch.cuda.synchronize()
             if not torch.allclose(out, want, rtol=1e-3, atol=1e-2):
                 raise AssertionError(f"{label}: sums differ from torch's (max {float((out - want).abs().max()):.3g})")
-        us = per_launch_us(call)
+        us = per_launch_us(captured(lambda call=call: [call() for _ in range(REPS)]))
         rows.append({"B": B, "L": L, "form": label, "us": round(us, 2), "x_floor": round(us / floor_us, 3),
                      "floor_us": round(floor_us, 2)})
         print(f"B={B} L={L} {label}: {us:.1f} us, {us / floor_us:.3f}x floor ({floor_us:.1f})", flush=True)

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from common import captured
 from sweep_attention import inputs
 
 import specops  # noqa: F401 (the triton_kernels package)
@@ -84,6 +85,21 @@ def quantiles(x: torch.Tensor) -> list[float]:
     return [round(float(torch.quantile(x, p)), 2) for p in (0.0, 0.1, 0.5, 0.9, 1.0)]
 
 
+def per_launch_us(graph: torch.cuda.CUDAGraph, reps: int = REPS, rounds: int = 20) -> float:
+    """Median time of a replay of ``graph`` (``reps`` launches) by events, per launch."""
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return statistics.median(times)
+
+
 def trace_shape(shape, traced, device) -> list[str]:
     B, L, q_len, Hq, Hkv, D = shape
     args = inputs(*shape, device)
@@ -99,29 +115,9 @@ def trace_shape(shape, traced, device) -> list[str]:
             module.TRACE = buffer
             module.paged_attention(*args, max_query_len=q_len)
 
-    graphs = {}
-    for name, module, traced_buffers in (("plain", kernels, [None] * REPS), ("traced", traced, buffers)):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            launches(module, traced_buffers)
-        torch.cuda.current_stream().wait_stream(stream)
-        graphs[name] = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graphs[name]):
-            launches(module, traced_buffers)
-    per_launch = {}
-    for name, graph in graphs.items():
-        graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(20):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / REPS)
-        per_launch[name] = statistics.median(times)
+    graphs = {name: captured(lambda module=module, traced_buffers=traced_buffers: launches(module, traced_buffers))
+              for name, module, traced_buffers in (("plain", kernels, [None] * REPS), ("traced", traced, buffers))}
+    per_launch = {name: per_launch_us(graph) for name, graph in graphs.items()}
     for buffer in buffers:
         buffer.zero_()
     graphs["traced"].replay()
