@@ -35,10 +35,10 @@ def test_tracked_modules_switch_plans_off_while_changed(monkeypatch):
     assert not launch_plan.plans_active()
     monkeypatch.undo()  # deleted again
     assert launch_plan.plans_active()
-    from specops.triton_kernels import attention, attention_plan, verify_unscreened
+    from specops.triton_kernels import attention, attention_plan, stream_counters
 
     # verify's helpers, and the attention launcher's modules (its plans: test_attention_launch_plan.py)
-    for module, name in ((verify_unscreened, "_COUNTERS"), (attention, "PREFETCH_TABLE"),
+    for module, name in ((stream_counters, "_COUNTERS"), (attention, "PREFETCH_TABLE"),
                          (attention_plan, "ASSUMED_MULTIPROCESSORS")):
         monkeypatch.setattr(module, name, object())
         assert not launch_plan.plans_active(), name

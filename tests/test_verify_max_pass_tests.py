@@ -19,7 +19,7 @@ from specops.reference.verify import accept_uniform, processed_probs
 from specops.reference.verify import verify as reference_verify
 from specops.triton_kernels.verify_rows import FAILS, PASSES, UNSETTLED
 from specops.triton_kernels.verify_rows import fixed_sum_kernel as FIXED_SUM_KERNEL
-from specops.triton_kernels.verify_unscreened import row_counters
+from specops.triton_kernels.stream_counters import row_counters
 
 DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else [])
 

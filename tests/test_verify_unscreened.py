@@ -33,7 +33,7 @@ def no_fixed_sum(triton_verify, monkeypatch):
 
 
 def assert_counters_zero(device):
-    from specops.triton_kernels.verify_unscreened import row_counters
+    from specops.triton_kernels.stream_counters import row_counters
 
     assert not row_counters(torch.device(device), 1).any().item()
 
@@ -100,20 +100,20 @@ def test_gpu_one_launch_graph_replays(spares, triton_verify, monkeypatch):
     """A captured one-request call replayed at advancing positions equals eager calls there.
     The capture stream, new, takes a spare zeroed buffer (no fill in the graph), each replay
     finding it at zero; with no spare left the graph holds the two launches."""
-    from specops.triton_kernels import verify_unscreened
+    from specops.triton_kernels import stream_counters
 
     inputs = make_inputs([4], 50000, seed=2, with_top=False)
     inputs = {k: (v.cuda() if v is not None else None) for k, v in inputs.items()}
     launched = launch_grids(monkeypatch, triton_verify, "fixed_sum_kernel")
     # Counters of this test alone: earlier tests of the process may have taken the spares,
     # or left a buffer under the stream handle the capture stream reuses.
-    monkeypatch.setattr(verify_unscreened, "_COUNTERS", {})
-    monkeypatch.setattr(verify_unscreened, "_SPARES", {})
+    monkeypatch.setattr(stream_counters, "_COUNTERS", {})
+    monkeypatch.setattr(stream_counters, "_SPARES", {})
     specops.verify(*inputs.values(), 4, False, backend=Backend.TRITON)  # an eager call: buffers and spares
     if not spares:  # new buffers come without spares, and none is left
-        monkeypatch.setattr(verify_unscreened, "SPARE_BUFFERS", 0)
-        monkeypatch.setattr(verify_unscreened, "_SPARES", {})
-    spare_list = verify_unscreened._SPARES.setdefault(torch.cuda.current_device(), [])
+        monkeypatch.setattr(stream_counters, "SPARE_BUFFERS", 0)
+        monkeypatch.setattr(stream_counters, "_SPARES", {})
+    spare_list = stream_counters._SPARES.setdefault(torch.cuda.current_device(), [])
     before, launched[:] = len(spare_list), []
     graph, static = capture(lambda: specops.verify(*inputs.values(), 4, False, backend=Backend.TRITON),
                             stream=torch.cuda.Stream())  # a capture stream seen for the first time

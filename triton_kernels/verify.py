@@ -64,6 +64,7 @@ import torch
 
 from . import launch_plan
 from .launch import cdiv, has_pdl, multiprocessor_count, next_power_of_2
+from .stream_counters import row_counters
 from .verify_decide import decide_kernel
 from .verify_rows import fixed_sum_kernel, row_max_kernel
 from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, residual_sample_kernel
@@ -79,7 +80,7 @@ from .verify_search import (
 )
 from .verify_search_finish import top_p_finish_kernel
 from .verify_slots import PACKED_MAX_SPLITS
-from .verify_unscreened import packed_departures, row_counters, row_max_sum_kernel
+from .verify_unscreened import packed_departures, row_max_sum_kernel
 
 BLOCK_V = 2048  # vocab entries per loop iteration of a row pass: 8 KB of fp32 in flight
 SUM_WARPS = 4
@@ -563,7 +564,7 @@ def launch_verify(
 # Eager calls replayed from plans of the launches above (launch_plan.py), while the
 # launcher's modules hold the attributes they were imported with.
 verify = launch_plan.planned(launch_verify)
-for _module in ("launch", "verify_math", "verify_slots", "verify_rows", "verify_unscreened", "verify_search",
+for _module in ("launch", "stream_counters", "verify_math", "verify_slots", "verify_rows", "verify_unscreened", "verify_search",
                 "verify_search_counts", "verify_search_finish", "verify_screen", "verify_decide", "verify_sample",
                 "verify"):
     launch_plan.track(f"{__package__}.{_module}")

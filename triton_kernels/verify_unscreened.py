@@ -26,52 +26,11 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch_plan
 from .launch import direct_launch
+from .stream_counters import COUNTER_SLOTS
 from .verify_math import FIXED_SCALE, INDEX_MAX, chain_launch, exponent_scale, exact_test, load_logits
 from .verify_rows import block_masses, mass_tile
 from .verify_slots import PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, slot_row
-
-# Row counters: one zeroed buffer a (device, stream), two int32 a slot (arrivals,
-# departures), then an int64 a slot (packed departures: row_max_sum_kernel's TEST_STEPS and
-# the screened max pass's tests, verify_rows.py: row_max_kernel's TESTS; a call uses one).
-# The kernels leave them at 0 (the last program of a row to leave resets them), so they are
-# zeroed once, never by a fill launch inside a graph. A stream first seen while it captures
-# a graph takes a spare zeroed at an earlier eager call (none left: the caller takes the two
-# launches). Calls on one stream run in turn; another stream has its own.
-COUNTER_SLOTS = tl.constexpr(4096)  # slots a buffer serves (64 KiB); calls with more take the counter-free launches
-SPARE_BUFFERS = 4
-_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}  # (device index, stream) -> counters
-_SPARES: dict[int, list[torch.Tensor]] = {}  # device index -> zeroed buffers not yet taken
-
-
-def row_counters(device: torch.device, num_slots: int) -> torch.Tensor | None:
-    """The zeroed counters of the current stream for ``num_slots`` slots, or None where
-    none can serve (too many slots, or a new stream capturing with no spare left)."""
-    if num_slots > COUNTER_SLOTS.value:
-        return None
-    if device.type != "cuda":  # the interpreter: no streams, no capture
-        key, capturing = (-1, 0), False
-    else:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        stream = torch.cuda.current_stream(device)
-        key, capturing = (index, stream.cuda_stream), torch.cuda.is_current_stream_capturing()
-    counters = _COUNTERS.get(key)
-    if counters is None:
-        spares = _SPARES.setdefault(key[0], [])
-        if capturing:
-            if not spares:
-                return None
-            counters = spares.pop()
-        else:
-            fresh = launch_plan.persistent(torch.zeros(1 + SPARE_BUFFERS - len(spares), 4 * COUNTER_SLOTS.value,
-                                                       dtype=torch.int32, device=device))
-            if device.type == "cuda":
-                stream.synchronize()  # once a buffer: zero before any stream, or a later graph, uses it
-            counters, *more = fresh.unbind(0)
-            spares.extend(more)
-        _COUNTERS[key] = counters
-    return counters
 
 
 def packed_departures(counters: torch.Tensor) -> torch.Tensor:
@@ -117,7 +76,7 @@ def row_max_sum_kernel(
     part_arg_ptr,  # [batch * width, num_splits] int32
     part_sum_ptr,  # [batch * width, num_splits] int64 (without TEST_STEPS)
     block_sum_ptr,  # [batch * width, cdiv(vocab, MASS_BLOCK)] int64
-    counters_ptr,  # [4 * COUNTER_SLOTS] int32, 0 on entry and on exit (row_counters)
+    counters_ptr,  # [4 * COUNTER_SLOTS] int32, 0 on entry and on exit (stream_counters.row_counters)
     packed_ptr,  # [COUNTER_SLOTS] int64, 0 on entry and on exit: packed_departures(counters)
     verdict_ptr,  # [batch * width] int32: 1 where a draft step's exact test passed (draft steps only)
     slot_max_ptr,  # [batch * width] float32: the slot's max logit
