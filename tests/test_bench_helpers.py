@@ -226,3 +226,17 @@ def test_read_balance_probe_sums_every_pair_once_in_both_forms():
             assert torch.allclose(out, want, rtol=1e-3, atol=1e-2), (programs_per_sm, chunks, out, want)
     with pytest.raises(ValueError, match="do not split"):
         probe.launcher(keys, values, table, 64, 2, 3, 16, 2, 4)
+
+
+def test_trace_attention_edits_land_in_the_static_kernel():
+    """bench/trace_attention.py's traced copy of triton_kernels/attention.py: every anchor it
+    edits is still there, and the timer's start, its stores and the trace argument land in
+    _paged_attention_kernel itself, not in a helper before it (which has no trace_ptr)."""
+    trace = load_bench("trace_attention")
+    module = trace.traced_module()
+    source = Path(module.__file__).read_text()
+    kernel = source.index("def _paged_attention_kernel(")
+    end = source.index("\ndef ", kernel + 1)
+    for text in ("trace_ptr,", "t_start = _now()", "tl.store(trace_ptr + slot, t_start)"):
+        assert kernel < source.index(text) < end, text
+    assert "(\n        kernel_out, TRACE, kernel_lse," in source
