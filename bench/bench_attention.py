@@ -30,6 +30,7 @@ Before timing, every impl's output is compared once per shape with a float32 eag
 relative error ||out - ref|| / ||ref|| over 1e-2 marks the row "output differs".
 
     python3 bench/bench_attention.py --quick --out $OUT      # the key shapes (ANCHORS.md)
+    python3 bench/bench_attention.py --shapes 64,1024,1 64,1024,5 --out $OUT   # these shapes only
     TRITON_INTERPRET=1 python3 bench/bench_attention.py --device cpu   # smoke run, tiny shapes
 """
 
@@ -283,10 +284,20 @@ def print_targets(rows: list[dict]) -> None:
             print(f"  {stage:10s} {impl:15s} B={B:<3d} L={L:<5d} q_len={q_len}: " + "; ".join(checks))
 
 
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """A shape as --shapes names it: B,L,q_len."""
+    values = text.split(",")
+    if len(values) != 3 or not all(v.strip().isdigit() and int(v) > 0 for v in values):
+        raise ValueError(f"--shapes takes B,L,q_len of positive ints, got {text!r}")
+    return tuple(int(v) for v in values)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Paged-attention benchmark (see the module docstring).")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="only the key shapes (B 1/16/64, L 4096)")
+    parser.add_argument("--shapes", nargs="+", default=None, metavar="B,L,q_len",
+                        help="these shapes only (GPU), e.g. 64,1024,1 64,1024,5")
     parser.add_argument("--out", default=str(common.REPO_ROOT / "bench" / "results"))
     parser.add_argument("--no-flashinfer", action="store_true")
     parser.add_argument("--fi-decode", choices=["both", "tensor-cores", "cuda-cores"], default=None,
@@ -304,6 +315,8 @@ def main() -> None:
     if device.type == "cuda":
         backends = ["triton", "cuda"]  # "cuda" is skipped while the op has no CUDA kernel
         shapes = QUICK_SHAPES if args.quick else SHAPES
+        if args.shapes:
+            shapes = [parse_shape(text) for text in args.shapes]
     else:
         backends = ["cpu"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" else [])
         shapes = CPU_SHAPES

@@ -240,3 +240,11 @@ def test_trace_attention_edits_land_in_the_static_kernel():
     for text in ("trace_ptr,", "t_start = _now()", "tl.store(trace_ptr + slot, t_start)"):
         assert kernel < source.index(text) < end, text
     assert "(\n        kernel_out, TRACE, kernel_lse," in source
+
+
+def test_bench_attention_shapes_parse_and_reject():
+    bench_attention = load_bench("bench_attention")
+    assert bench_attention.parse_shape("64,1024,5") == (64, 1024, 5)
+    for bad in ("64,1024", "64,1024,0", "64,x,1"):
+        with pytest.raises(ValueError, match="B,L,q_len"):
+            bench_attention.parse_shape(bad)
