@@ -189,6 +189,16 @@ def torch_pipeline(x: Inputs, target_probs, exponentials, uniforms) -> torch.Ten
     return emit(accepted, ids.view(B, k), recovered.view(B, k), x.bonus_token_ids)
 
 
+@functools.cache
+def flashinfer_generator(device: torch.device) -> torch.Generator:
+    """The generator FlashInfer's sampling calls draw from here. Without one it builds a new
+    CUDA generator each call, which CUDA-graph capture refuses ("Cannot construct a new
+    CUDAGeneratorImpl during CUDA graph capture"); this one, made by the first (eager) call,
+    lets its calls be captured (they read its seed and offset on the host: a replay draws the
+    capture's numbers again)."""
+    return torch.Generator(device=device)
+
+
 def flashinfer_pipeline(flashinfer, from_logits: bool):
     def run(x: Inputs) -> torch.Tensor:
         B, k, V = x.shape
@@ -196,7 +206,8 @@ def flashinfer_pipeline(flashinfer, from_logits: bool):
         if from_logits:
             probs = flashinfer.sampling.softmax(x.logits_with_bonus.view(-1, V)).view(B, k + 1, V)
         out, _, _ = flashinfer.sampling.chain_speculative_sampling(
-            x.flashinfer_draft_probs, x.draft_token_ids.view(B, k), probs
+            x.flashinfer_draft_probs, x.draft_token_ids.view(B, k), probs,
+            generator=flashinfer_generator(probs.device),
         )
         return out
 

@@ -60,6 +60,7 @@ from bench_sampling import (
     QUICK_SHAPES,
     SHAPES,
     draw,
+    flashinfer_generator,
     flashinfer_pipeline,
     full_input,
     import_flashinfer,
@@ -163,7 +164,8 @@ def flashinfer_filtered(flashinfer, top_k: int | None, top_p: float):
             probs = flashinfer.sampling.top_k_renorm_probs(probs, top_k)
         probs = flashinfer.sampling.top_p_renorm_probs(probs, top_p).view(B, k + 1, V)
         out, _, _ = flashinfer.sampling.chain_speculative_sampling(
-            x.flashinfer_draft_probs, x.draft_token_ids.view(B, k), probs)
+            x.flashinfer_draft_probs, x.draft_token_ids.view(B, k), probs,
+            generator=flashinfer_generator(probs.device))
         return out
 
     return run
