@@ -4,13 +4,11 @@ the K/V pipeline buffers, and which matrix instructions the SASS holds (HGMMA = 
 HMMA = mma.sync). Uses the ptxas and cuobjdump bundled with Triton; no device time.
 
     python3 bench/attention_resources.py            # the ANCHORS.md shapes and a few others
-    python3 bench/attention_resources.py --dynamic 4 --splits 1,2,4   # the dynamic grid's kernel instead
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import subprocess
@@ -18,7 +16,7 @@ import tempfile
 
 import triton
 from specops.triton_kernels import attention as kernels
-from specops.triton_kernels.attention_plan import AttentionLaunch, dynamic_registers, plan_paged_attention
+from specops.triton_kernels.attention_plan import AttentionLaunch, plan_paged_attention
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -33,12 +31,12 @@ SHAPES = [
 ]
 
 
-def _compile(fn, signature: dict, constants: dict, num_warps: int, num_stages: int = 3, **options):
+def _compile(fn, signature: dict, constants: dict, num_warps: int, num_stages: int = 3):
     signature = signature | {name: "constexpr" for name in constants}
     aligned = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t[0] == "*"}
     source = ASTSource(fn, signature, constants, aligned)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages, **options})
+                          options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def compile_attention(dtype: str, hq: int, hkv: int, d: int, block_size: int, launch: AttentionLaunch):
@@ -51,12 +49,6 @@ def compile_attention(dtype: str, hq: int, hkv: int, d: int, block_size: int, la
                  "BLOCK_SIZE": block_size, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
                  "ROWS": launch.rows, "NUM_SPLITS": launch.num_splits, "HAS_SOFT_CAP": False, "HAS_WINDOW": False,
                  "WRITE_LSE": False, "IEEE": False, "PIPELINE": True}
-    if launch.dynamic:  # the dynamic grid's kernel: partials, counters and the batch besides
-        signature = {"out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32",
-                     "counters_ptr": "*i32", **{k: v for k, v in signature.items() if k not in ("out_ptr", "lse_ptr")},
-                     "batch": "i32"}
-        return _compile(kernels._paged_attention_dynamic_kernel, signature, constants, launch.num_warps,
-                        launch.num_stages, maxnreg=dynamic_registers(launch))  # as the launcher caps them
     return _compile(kernels._paged_attention_kernel, signature, constants, launch.num_warps, launch.num_stages)
 
 
@@ -78,23 +70,18 @@ def resources(compiled) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    parser.add_argument("--dynamic", type=int, default=0, help="programs an SM: the dynamic grid's kernel")
-    parser.add_argument("--splits", default=None, help="with --dynamic: splits (items a pair) to compile: 1,2,4")
     args = parser.parse_args()
-    first = True
+    header = None
     for tq, batch, hq, hkv, d, block_size, max_context in SHAPES:
-        planned = plan_paged_attention(tq, batch, hq, hkv, d, max_context, 132)
-        splits = [int(v) for v in args.splits.split(",")] if args.dynamic and args.splits else [planned.num_splits]
-        for num_splits in splits:
-            launch = dataclasses.replace(planned, dynamic=args.dynamic, num_splits=num_splits)
-            report = resources(compile_attention(args.dtype, hq, hkv, d, block_size, launch))
-            if first:
-                print("  ".join(report))
-                first = False
-            print("  ".join(str(v) for v in report.values()), " ",
-                  f"Tq={tq} B={batch} {hq}/{hkv} D={d} bs={block_size} L<={max_context}: rows={launch.rows} "
-                  f"M={launch.block_m} N={launch.block_n} splits={launch.num_splits} warps={launch.num_warps} "
-                  f"stages={launch.num_stages}" + (f" dynamic={launch.dynamic}" if launch.dynamic else ""))
+        launch = plan_paged_attention(tq, batch, hq, hkv, d, max_context, 132)
+        report = resources(compile_attention(args.dtype, hq, hkv, d, block_size, launch))
+        shape = (f"Tq={tq} B={batch} {hq}/{hkv} D={d} bs={block_size} L<={max_context}: rows={launch.rows} "
+                 f"M={launch.block_m} N={launch.block_n} splits={launch.num_splits} warps={launch.num_warps} "
+                 f"stages={launch.num_stages}")
+        if header is None:
+            header = "  ".join(report)
+            print(header)
+        print("  ".join(str(v) for v in report.values()), " ", shape)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,6 @@ machine hits every candidate alike. The CUDA kernel is timed beside them when it
     python3 bench/sweep_attention.py --shape 32,1024,5,32,8,64 --out $OUT
     python3 bench/sweep_attention.py --grid plan --kernels old_attention.py   # A/B kernel files
     python3 bench/sweep_attention.py --grid plan --shape 1,4096,1,32,8,128 --queued   # GPU time
-    python3 bench/sweep_attention.py --shape 64,1024,1,32,8,128 --block-n 64 --warps 4 --stages 3 \
-        --splits 1,2,4,8 --dynamic 0,3,4 --queued     # the dynamic grid (AttentionLaunch.dynamic)
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ from specops.triton_kernels.launch import dram_gbs_per_multiprocessor, multiproc
 
 BLOCK_SIZE = 16
 ROUNDS = 3
-LAUNCH_CHOICES = ("rows", "block_n", "warps", "stages", "splits", "dynamic")  # --rows 8,16 etc.
+LAUNCH_CHOICES = ("rows", "block_n", "warps", "stages", "splits")  # --rows 8,16 etc.
 # (B, L, q_len, Hq, Hkv, D): the engine's llama-1b verify step (issue 5), then the
 # ANCHORS.md attention shapes nearest their targets.
 DEFAULT_SHAPES = [(32, 1024, 5, 32, 8, 64), (32, 4096, 5, 32, 8, 64), (16, 4096, 5, 32, 8, 128),
@@ -70,13 +68,13 @@ def launch_grid(planned: AttentionLaunch, D: int, group: int, choices: dict) -> 
     the plan's) with every block_n / warps / stages / splits (``choices`` narrows each list)."""
     splits = sorted({1, 2, 3, 4, planned.num_splits, max(1, planned.num_splits // 2), planned.num_splits * 2})
     options = {"rows": [planned.rows], "block_n": [32, 64, 128] if D <= 128 else [32, 64], "warps": [4, 8],
-               "stages": [2, 3, 4], "splits": [s for s in splits if s <= 32], "dynamic": [0]}
+               "stages": [2, 3, 4], "splits": [s for s in splits if s <= 32]}
     options.update({name: values for name, values in choices.items() if values})
     found = [planned]
-    for rows, block_n, warps, stages, num_splits, dynamic in itertools.product(*options.values()):
+    for rows, block_n, warps, stages, num_splits in itertools.product(*options.values()):
         block_m = max(16, 1 << (rows * group - 1).bit_length())
         launch = AttentionLaunch(rows=rows, block_m=block_m, block_n=block_n, num_splits=num_splits,
-                                 num_warps=warps, num_stages=stages, dynamic=dynamic)
+                                 num_warps=warps, num_stages=stages)
         if launch not in found:
             found.append(launch)
     return found
@@ -96,9 +94,7 @@ def load_kernel_file(path: str):
 
 
 def label(launch: AttentionLaunch) -> str:
-    dynamic = f" dyn={launch.dynamic}" if launch.dynamic else ""
-    return (f"M={launch.block_m} N={launch.block_n} w={launch.num_warps} st={launch.num_stages} "
-            f"sp={launch.num_splits}{dynamic}")
+    return f"M={launch.block_m} N={launch.block_n} w={launch.num_warps} st={launch.num_stages} sp={launch.num_splits}"
 
 
 def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files, timer=common.time_us, choices=None,

@@ -47,7 +47,7 @@ EDITS = [
     ("LOG2E = tl.constexpr(1.4426950408889634)\n", HELPERS),
     ("    out_ptr,  # [Tq, Hq, D] dtype of query; [NUM_SPLITS, Tq, Hq, D] float32 when NUM_SPLITS > 1\n",
      "    trace_ptr,\n"),
-    ("    b = tl.program_id(0) // NUM_KV_HEADS\n", "    t_start = _now()\n"),
+    ("    GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS\n", "    t_start = _now()\n"),
     ("    _paged_attention_kernel[(batch * num_kv_heads, splits)](\n        kernel_out, ", "TRACE, "),
 ]
 END_ANCHOR = "    if PDL:  # this program's partials are stored: the merge launch may be scheduled\n"

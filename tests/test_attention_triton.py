@@ -1,6 +1,5 @@
 """The paged_attention kernels beyond the shared op tests: split-KV with its exact LSE merge,
-the dynamic grid (items from a counter, merged in the same launch), query tiles of several
-passes (GQA group x query rows), the launch plan, hypothesis-drawn
+query tiles of several passes (GQA group x query rows), the launch plan, hypothesis-drawn
 shapes, and, on a GPU, the ANCHORS.md shapes at reduced batch, every GQA group x head dim
 x block size, outputs written into poisoned memory, and CUDA-graph capture and replay.
 
@@ -12,7 +11,6 @@ launcher directly with a forced launch plan.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -26,11 +24,9 @@ from specops.triton_kernels import attention as triton_attention
 from specops.triton_kernels.attention_plan import (
     ASSUMED_MULTIPROCESSORS,
     AttentionLaunch,
-    dynamic_registers,
     plan_paged_attention,
 )
 from specops.triton_kernels.launch import dram_gbs_per_multiprocessor
-from specops.triton_kernels.stream_counters import row_counters
 
 import specops
 from specops.backend import Backend
@@ -130,65 +126,6 @@ def test_rows_without_visible_keys_follow_the_cpu_kernel(device, backend, num_sp
     assert (expected[0][:2] == 0).all() and (expected[1][:2] == float("-inf")).all()
     torch.testing.assert_close(got[0].cpu(), expected[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[1].cpu(), expected[1], atol=1e-5, rtol=0)
-
-
-class Refused:
-    """A kernel that must not launch."""
-
-    def __init__(self, name):
-        self.name = name
-
-    def __getitem__(self, grid):
-        raise AssertionError(f"{self.name} launched")
-
-
-def assert_counters_zero(device):
-    assert not row_counters(torch.device(device), 1).any().item(), "the dynamic grid left a counter set"
-
-
-@pytest.mark.parametrize("device,backend", TRITON_PARAMS)
-@pytest.mark.parametrize("case", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
-def test_dynamic_grid_matches_reference(device, backend, case, monkeypatch):
-    """The dynamic grid (programs taking (sequence, KV head, split) items from a counter, the
-    last split of a pair to finish merging the pair in the same launch): the reference's
-    outputs at the case's splits and at one split a pair, windows, caps, passes and empty
-    splits included; twice in a row, every counter back at 0 after each call (a counter
-    left set would hand out no item, or skip a merge, the next time). No merge launch."""
-    name, seq_lens, q_lens, hq, hkv, d, block_size, window, cap, launch = case
-    inputs = make_batch(seq_lens, q_lens, hq, hkv, d, block_size, torch.float32, seed=sum(map(ord, name)))
-    inputs = {k: v.to(device) for k, v in inputs.items()}
-    scale = (8.0 if cap else 1.0) / math.sqrt(d)
-    monkeypatch.setattr(triton_attention, "_merge_splits_kernel", Refused("the merge kernel"))
-    monkeypatch.setattr(triton_attention, "_paged_attention_kernel", Refused("the static grid"))
-    for num_splits in (launch.num_splits, 1):
-        dynamic = dataclasses.replace(launch, num_splits=num_splits, dynamic=4)
-        for _ in range(2):
-            got = run_launcher(inputs, scale, window, cap, dynamic)
-            assert_matches_reference(inputs, [t.cpu() for t in got], scale, window, cap)
-            assert_counters_zero(device)
-
-
-@pytest.mark.parametrize("device,backend", TRITON_PARAMS)
-def test_dynamic_grid_without_counters_takes_the_static_grid(device, backend, monkeypatch):
-    """Where the stream has no zeroed counters to give (a new stream capturing with no spare
-    left, or more pairs than a buffer serves), a dynamic launch runs the static grid and its
-    merge launch: the same outputs."""
-    inputs = make_batch([90, 7], [3, 1], 4, 2, 64, 16, torch.float32, seed=24)
-    inputs = {k: v.to(device) for k, v in inputs.items()}
-    monkeypatch.setattr(triton_attention, "row_counters", lambda device, num_slots: None)
-    monkeypatch.setattr(triton_attention, "_paged_attention_dynamic_kernel", Refused("the dynamic grid"))
-    got = run_launcher(inputs, 0.125, 0, 0.0, dataclasses.replace(forced(4, 16, 3), dynamic=4))
-    assert_matches_reference(inputs, [t.cpu() for t in got], 0.125)
-
-
-def test_dynamic_registers_fit_the_programs_in_an_sm():
-    def registers(dynamic, warps):
-        return dynamic_registers(AttentionLaunch(rows=1, block_m=16, block_n=64, num_splits=2, num_warps=warps,
-                                                 dynamic=dynamic))
-    assert registers(4, 4) == 128 and registers(3, 4) == 168 and registers(2, 8) == 128
-    assert registers(1, 4) == 255 and registers(2, 4) == 255  # ptxas's own limit
-    for dynamic, warps in ((3, 4), (4, 4), (5, 4), (3, 8)):
-        assert registers(dynamic, warps) * warps * 32 * dynamic <= 65536
 
 
 @pytest.mark.parametrize("device,backend", TRITON_PARAMS)
@@ -350,8 +287,6 @@ def test_launch_rejects_bad_values():
         AttentionLaunch(rows=1, block_m=16, block_n=16, num_splits=1000)
     with pytest.raises(ValueError, match="must be >= 16"):
         AttentionLaunch(rows=1, block_m=16, block_n=8, num_splits=1)
-    with pytest.raises(ValueError, match="dynamic must be an int >= 0"):
-        AttentionLaunch(rows=1, block_m=16, block_n=16, num_splits=1, dynamic=-1)
 
 
 # ---- GPU: full sizes, poisoned memory, CUDA graphs ----
@@ -445,72 +380,3 @@ def test_gpu_cuda_graph_replays_follow_new_inputs(device, backend, batch):
         eager_out, eager_lse = step()
         assert torch.equal(static_out, eager_out) and torch.equal(static_lse, eager_lse), f"replay {replay}"
         assert_matches_reference(inputs, (static_out, static_lse), scale)
-
-
-# (name, seq_lens, q_lens): the decode shape whose one-wave tail the dynamic grid is for
-# (ANCHORS.md, B=64 L=1024, lengths varied so that the items differ), and verify rows.
-DYNAMIC_GPU_CASES = [
-    ("B64-L1024-decode", [1024 - 37 * (b % 9) for b in range(64)], [1] * 64),
-    ("B16-L4096-verify", [4096 - 311 * (b % 5) for b in range(16)], [5] * 16),
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("device,backend", [p for p in TRITON_PARAMS if p.values[0] == "cuda"])
-@pytest.mark.parametrize("case", DYNAMIC_GPU_CASES, ids=[c[0] for c in DYNAMIC_GPU_CASES])
-def test_gpu_dynamic_grid_matches_reference(device, backend, case):
-    """The dynamic grid on the GPU, where its programs run at once and a pair's splits
-    finish on different SMs (the merge reads partials other SMs wrote in the same launch):
-    3 and 4 programs an SM (4 caps the registers at 128), 1, 2 and 4 splits, outputs in
-    poisoned memory, each launch twice; every counter back at 0."""
-    name, seq_lens, q_lens = case
-    inputs = on_gpu(make_batch(seq_lens, q_lens, 32, 8, 128, 16, torch.bfloat16, seed=sum(map(ord, name))))
-    scale = 128**-0.5
-    ref_out, ref_lse = reference_float64({k: v.cpu() for k, v in inputs.items()}, scale, 0, 0.0)
-    max_error, lse_atol = TOLERANCE[torch.bfloat16]
-    planned = plan_paged_attention(sum(q_lens), len(seq_lens), 32, 8, 128,
-                                   inputs["block_table"].shape[1] * 16, ASSUMED_MULTIPROCESSORS,
-                                   max_query_len=max(q_lens))
-    for dynamic in (3, 4):
-        for num_splits in (1, 2, 4):
-            launch = dataclasses.replace(planned, num_splits=num_splits, dynamic=dynamic)
-            for _ in range(2):
-                poison_cuda_allocator()
-                out, lse = run_launcher(inputs, scale, 0, 0.0, launch)
-                assert torch.isfinite(out).all() and torch.isfinite(lse).all(), launch
-                error = relative_error(out.cpu(), ref_out)
-                assert error < max_error, f"{launch}: relative error {error:.2e}"
-                torch.testing.assert_close(lse.cpu().double(), ref_lse.double(), atol=lse_atol, rtol=0)
-                assert_counters_zero(device)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("device,backend", [p for p in TRITON_PARAMS if p.values[0] == "cuda"])
-def test_gpu_dynamic_grid_graph_replays_follow_new_inputs(device, backend):
-    """A dynamic launch (verify tiles, 2 programs an SM, 3 splits a pair) captured once (its
-    counters zeroed before the capture and reset by the kernel itself, no fill node),
-    replayed after new lengths, tables and queries: each replay equals an eager dynamic
-    launch on the new inputs, bit for bit, and the reference."""
-    batch, max_len = 24, 2048
-    q_lens = [5 if b % 2 else 1 for b in range(batch)]
-    inputs = on_gpu(make_batch([max_len] * batch, q_lens, 32, 8, 128, 16, torch.bfloat16, seed=33))
-    launch = AttentionLaunch(rows=8, block_m=32, block_n=64, num_splits=3, num_stages=2, dynamic=2)
-
-    def step():
-        return run_launcher(inputs, 128**-0.5, 0, 0.0, launch)
-
-    step()  # this stream's counters, and spares for the capture's stream
-    graph, (static_out, static_lse) = capture(step)
-    g = torch.Generator().manual_seed(34)
-    for replay in range(3):
-        new_lens = torch.randint(5, max_len + 1, (batch,), generator=g)
-        inputs["seq_lens"].copy_(new_lens.to(torch.int32))
-        inputs["block_table"].copy_(inputs["block_table"][torch.randperm(batch, generator=g).cuda()])
-        inputs["query"].normal_()
-        graph.replay()
-        torch.cuda.synchronize()
-        eager_out, eager_lse = step()
-        torch.testing.assert_close(static_out, eager_out, atol=0, rtol=0, msg=f"replay {replay}")
-        torch.testing.assert_close(static_lse, eager_lse, atol=0, rtol=0, msg=f"replay {replay}")
-        assert_matches_reference(inputs, (static_out, static_lse), 128**-0.5)
-        assert_counters_zero(device)

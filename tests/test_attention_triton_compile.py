@@ -1,13 +1,10 @@
 """The Triton paged_attention kernel compiles for sm_90 without a GPU, and its PTX holds
 what the launcher relies on: the block table's entries of a program's first step prefetched
 into L1 before its first asynchronous copy (split or not), and no prefetch with a sliding
-window (whose first tile depends on the loaded lengths); the dynamic grid's kernel publishes
-its partials before a pair's arrival. Under TRITON_INTERPRET=1 the file runs itself in a
-fresh process without the interpreter (tests/uninterpreted.py)."""
+window (whose first tile depends on the loaded lengths). Under TRITON_INTERPRET=1 the file
+runs itself in a fresh process without the interpreter (tests/uninterpreted.py)."""
 
 from __future__ import annotations
-
-import re
 
 import pytest
 import triton
@@ -51,33 +48,3 @@ def test_no_prefetch_with_a_window():
 @pytest.mark.skipif(not INTERPRETED, reason="the compile tests above run in this process")
 def test_compiles_in_a_process_without_the_interpreter():
     rerun_without_interpreter(__file__)
-
-
-def _dynamic_ptx(num_splits: int) -> str:
-    """The dynamic grid's kernel at the B=64 decode tile, registers capped as the launcher
-    caps them at 4 programs an SM."""
-    fn = attention._paged_attention_dynamic_kernel
-    constexprs = {k: v for k, v in DECODE.items() if k != "PDL"} | {"NUM_SPLITS": num_splits}
-    pointers = POINTERS | {"partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32", "counters_ptr": "*i32"}
-    signature = {name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name in (
-        "scale", "soft_cap") else "i32") for name in fn.arg_names}
-    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": 4, "num_stages": 3, "maxnreg": 128})
-    return kernel.asm["ptx"]
-
-
-@pytest.mark.skipif(INTERPRETED, reason="compiled in a fresh process (test below)")
-def test_dynamic_grid_publishes_partials_before_arriving():
-    """Compiled (the interpreter runs programs one after another, so it cannot show this):
-    every thread's partial stores meet at a barrier before the pair's arrival, an acq_rel
-    atomic at GPU scope; the merge reads the partials past L1 (.cg), each split's output and
-    LSE; the claims are relaxed. One split a pair: no arrival, no merge."""
-    ptx = _dynamic_ptx(2)
-    arrival = ptx.index("atom.global.gpu.acq_rel.add")
-    assert "bar.sync" in ptx[ptx.rindex("st.global", 0, arrival):arrival], "no barrier between the partials and the arrival"
-    assert ptx.count("atom.global.gpu.acq_rel.add") == 2  # the arrival, the program's departure
-    assert ptx.count("atom.global.gpu.relaxed.add") == 2  # the first claim, the next claims
-    assert len(re.findall(r"ld\.global\.cg\.", ptx)) >= 4  # two splits' outputs and LSEs at least
-    single = _dynamic_ptx(1)
-    assert single.count("atom.global.gpu.acq_rel.add") == 1 and "ld.global.cg" not in single

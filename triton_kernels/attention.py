@@ -6,14 +6,12 @@ to ROWS query rows: verify moves decode's bytes. When the B x Hkv programs canno
 GPU (the plan says when), each sequence's key range is split among NUM_SPLITS programs that
 write normalised partial outputs and their LSE to a workspace; a second kernel merges them
 exactly (on sm_90+ a programmatic dependent launch: scheduled as the split programs finish,
-it waits for them in its first instruction). A launch may instead ask for the dynamic grid
-(AttentionLaunch.dynamic): a few programs an SM take the (sequence, KV head, split) items
-from a counter as they finish, and the last split of a pair merges it in the same launch.
-Every launch parameter (tiles, splits, workspace size) is a function of tensor shapes (and
-of the caller's host-side max_query_len hint) only, never of seq_lens or cu_query_lens
-values: no device sync, so a call can be captured in a CUDA graph. A sequence with more
-query rows than a tile holds takes several passes, so the tiles never depend on the true
-query lengths. The planning lives in triton_kernels/attention_plan.py.
+it waits for them in its first instruction). Every launch parameter (tiles, splits,
+workspace size) is a function of tensor shapes (and of the caller's host-side max_query_len
+hint) only, never of seq_lens or cu_query_lens values: no device sync, so a call can be
+captured in a CUDA graph. A sequence with more query rows than a tile holds takes several
+passes, so the tiles never depend on the true query lengths. The planning lives in
+triton_kernels/attention_plan.py.
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ import triton
 import triton.language as tl
 
 from . import launch_plan
-from .attention_plan import ASSUMED_MULTIPROCESSORS, AttentionLaunch, dynamic_registers, plan_paged_attention
+from .attention_plan import ASSUMED_MULTIPROCESSORS, AttentionLaunch, plan_paged_attention
 from .launch import direct_launch, dram_gbs_per_multiprocessor, has_pdl, multiprocessor_count, next_power_of_2
-from .stream_counters import row_counters
 
 # Prefetch into L1 the block ids of a program's first step at its start (compiled kernels):
 # one DRAM round trip off the chain lengths -> block ids -> first K/V tile (measured while
@@ -163,20 +160,54 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit
-def _attend_pair(
-    out_ptr, lse_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_table_ptr, seq_lens_ptr, cu_query_lens_ptr,
-    scale, soft_cap, sliding_window, num_blocks, max_blocks, num_query_tokens,
-    b, h,  # sequence b's query rows of KV head h
-    split,  # which of the NUM_SPLITS shares of their key tiles
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, WRITE_LSE: tl.constexpr,
-    IEEE: tl.constexpr, PIPELINE: tl.constexpr, PREFETCH_TABLE: tl.constexpr,
+# Grid (B * Hkv, NUM_SPLITS), KV heads fastest: the programs of one sequence's KV heads
+# start together and read the neighbouring head slices of the same cache rows (H100: 1-2%
+# at the shapes of more than one wave). Program (b * Hkv + h, s) takes sequence b's query
+# rows whose heads map to KV head h, ROWS rows at a time (a tile of ROWS x GROUP rows: one
+# pass for q_len <= ROWS), and attends them to the s-th of NUM_SPLITS equal shares of the
+# key tiles those rows can see (causal, window), BLOCK_N keys per tile, with an online
+# softmax. NUM_SPLITS == 1: it writes the output (and LSE); else it writes its normalised
+# partial output and its LSE (-inf when its share held no visible key) for
+# _merge_splits_kernel. Bytes: the visible part of K and V of head h once per ROWS query
+# rows; the query rows once; the output once (or NUM_SPLITS float32 partials).
+@direct_launch
+@triton.jit(do_not_specialize=["num_blocks", "max_blocks", "sliding_window", "num_query_tokens"])
+def _paged_attention_kernel(
+    out_ptr,  # [Tq, Hq, D] dtype of query; [NUM_SPLITS, Tq, Hq, D] float32 when NUM_SPLITS > 1
+    lse_ptr,  # [Tq, Hq] float32 (written when WRITE_LSE); [NUM_SPLITS, Tq, Hq] when NUM_SPLITS > 1
+    query_ptr,  # [Tq, Hq, D]
+    key_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
+    value_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
+    block_table_ptr,  # [B, max_blocks] int32
+    seq_lens_ptr,  # [B] int32
+    cu_query_lens_ptr,  # [B + 1] int32
+    scale,
+    soft_cap,
+    sliding_window,
+    num_blocks,
+    max_blocks,
+    num_query_tokens,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    IEEE: tl.constexpr,
+    PIPELINE: tl.constexpr,
+    PDL: tl.constexpr = False,  # programmatic dependent launch of the merge kernel (sm_90+)
+    PREFETCH_TABLE: tl.constexpr = False,
 ):
-    """One (sequence, KV head, split) of _paged_attention_kernel below: its output rows, or
-    with NUM_SPLITS > 1 its normalised partial rows and their LSE."""
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
+    b = tl.program_id(0) // NUM_KV_HEADS
+    h = tl.program_id(0) % NUM_KV_HEADS
+    split = tl.program_id(1)
     # Clamped so that bad values (validate=False) stay in bounds.
     start = tl.minimum(tl.maximum(tl.load(cu_query_lens_ptr + b), 0), num_query_tokens)
     end = tl.minimum(tl.maximum(tl.load(cu_query_lens_ptr + b + 1), start), num_query_tokens)
@@ -259,61 +290,6 @@ def _attend_pair(
             tl.store(out_ptr + partial_rows[:, None] * HEAD_DIM + d[None, :], out, mask=out_mask)
             tl.store(lse_ptr + partial_rows, lse, mask=row_valid)
         chunk += ROWS
-
-
-# Grid (B * Hkv, NUM_SPLITS), KV heads fastest: the programs of one sequence's KV heads
-# start together and read the neighbouring head slices of the same cache rows (H100: 1-2%
-# at the shapes of more than one wave). Program (b * Hkv + h, s) takes sequence b's query
-# rows whose heads map to KV head h, ROWS rows at a time (a tile of ROWS x GROUP rows: one
-# pass for q_len <= ROWS), and attends them to the s-th of NUM_SPLITS equal shares of the
-# key tiles those rows can see (causal, window), BLOCK_N keys per tile, with an online
-# softmax. NUM_SPLITS == 1: it writes the output (and LSE); else it writes its normalised
-# partial output and its LSE (-inf when its share held no visible key) for
-# _merge_splits_kernel. Bytes: the visible part of K and V of head h once per ROWS query
-# rows; the query rows once; the output once (or NUM_SPLITS float32 partials).
-@direct_launch
-@triton.jit(do_not_specialize=["num_blocks", "max_blocks", "sliding_window", "num_query_tokens"])
-def _paged_attention_kernel(
-    out_ptr,  # [Tq, Hq, D] dtype of query; [NUM_SPLITS, Tq, Hq, D] float32 when NUM_SPLITS > 1
-    lse_ptr,  # [Tq, Hq] float32 (written when WRITE_LSE); [NUM_SPLITS, Tq, Hq] when NUM_SPLITS > 1
-    query_ptr,  # [Tq, Hq, D]
-    key_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
-    value_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
-    block_table_ptr,  # [B, max_blocks] int32
-    seq_lens_ptr,  # [B] int32
-    cu_query_lens_ptr,  # [B + 1] int32
-    scale,
-    soft_cap,
-    sliding_window,
-    num_blocks,
-    max_blocks,
-    num_query_tokens,
-    NUM_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    HAS_SOFT_CAP: tl.constexpr,
-    HAS_WINDOW: tl.constexpr,
-    WRITE_LSE: tl.constexpr,
-    IEEE: tl.constexpr,
-    PIPELINE: tl.constexpr,
-    PDL: tl.constexpr = False,  # programmatic dependent launch of the merge kernel (sm_90+)
-    PREFETCH_TABLE: tl.constexpr = False,
-):
-    b = tl.program_id(0) // NUM_KV_HEADS
-    h = tl.program_id(0) % NUM_KV_HEADS
-    split = tl.program_id(1)
-    _attend_pair(
-        out_ptr, lse_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_table_ptr, seq_lens_ptr, cu_query_lens_ptr,
-        scale, soft_cap, sliding_window, num_blocks, max_blocks, num_query_tokens, b, h, split,
-        NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_M, BLOCK_N, ROWS, NUM_SPLITS, HAS_SOFT_CAP,
-        HAS_WINDOW, WRITE_LSE, IEEE, PIPELINE, PREFETCH_TABLE,
-    )
     if PDL:  # this program's partials are stored: the merge launch may be scheduled
         tl.extra.cuda.gdc_launch_dependents()
 
@@ -360,117 +336,6 @@ def _merge_splits_kernel(
                                          float("-inf")))
 
 
-@triton.jit
-def _merge_pair(
-    out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr, cu_query_lens_ptr, b, h, num_query_tokens,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, ROWS: tl.constexpr, NUM_SPLITS: tl.constexpr, WRITE_LSE: tl.constexpr,
-):
-    """_merge_splits_kernel's merge for every query row and head of (sequence b, KV head h),
-    ROWS rows at a time as _attend_pair wrote them; the partials load past L1 (other SMs
-    wrote them during this launch)."""
-    GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
-    start = tl.minimum(tl.maximum(tl.load(cu_query_lens_ptr + b), 0), num_query_tokens)
-    end = tl.minimum(tl.maximum(tl.load(cu_query_lens_ptr + b + 1), start), num_query_tokens)
-    r = tl.arange(0, BLOCK_M)
-    d = tl.arange(0, BLOCK_D)
-    head = h * GROUP + r % GROUP
-    split_stride = num_query_tokens.to(tl.int64) * NUM_HEADS
-    chunk = 0
-    while chunk < end - start:
-        j = chunk + r // GROUP
-        row_valid = (r // GROUP < ROWS) & (j < end - start)
-        row_offsets = (start + j).to(tl.int64) * NUM_HEADS + head  # [BLOCK_M] into [Tq, Hq]
-        mask = row_valid[:, None] & (d[None, :] < HEAD_DIM)
-        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        for s in range(NUM_SPLITS):
-            m = tl.maximum(m, tl.load(partial_lse_ptr + s * split_stride + row_offsets, mask=row_valid,
-                                      other=float("-inf"), cache_modifier=".cg"))
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        total = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for s in range(NUM_SPLITS):  # a split that saw no key wrote 0 and weighs 0
-            rows = s * split_stride + row_offsets
-            weight = tl.exp(tl.load(partial_lse_ptr + rows, mask=row_valid, other=float("-inf"),
-                                    cache_modifier=".cg") - m_safe)
-            partial = tl.load(partial_out_ptr + rows[:, None] * HEAD_DIM + d[None, :], mask=mask, other=0.0,
-                              cache_modifier=".cg")
-            total += weight
-            acc += partial * weight[:, None]
-        seen = total > 0.0
-        out = acc / tl.where(seen, total, 1.0)[:, None]
-        tl.store(out_ptr + row_offsets[:, None] * HEAD_DIM + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
-        if WRITE_LSE:
-            tl.store(lse_ptr + row_offsets, tl.where(seen, m_safe + tl.log(tl.where(seen, total, 1.0)),
-                                                     float("-inf")), mask=row_valid)
-        chunk += ROWS
-
-
-# Grid (P,): P programs (AttentionLaunch.dynamic an SM, at most one an item) take the items
-# (b * Hkv + h, split), split fastest, from a counter as they finish, so that an SM served
-# faster than others takes more of them (a static grid of one wave ends with its slowest SM:
-# bench/NOTES.md, "where the B=64 L=1024 decode's 7% goes"). An item is the work of
-# _paged_attention_kernel's program (b * Hkv + h, split). NUM_SPLITS == 1: it writes the
-# output. Else it writes its partial and LSE and arrives at its pair's counter; the last of
-# the pair's NUM_SPLITS items to arrive merges them (_merge_pair: no merge launch) and
-# resets that counter. The last program to finish resets the item and program counters, so
-# every counter is 0 between launches (stream_counters.py). No program waits for another:
-# any grid, scheduled in any order, finishes. Bytes: the static grid's, and the partials
-# read once more from L2 by the pair's merging program.
-@direct_launch
-@triton.jit(do_not_specialize=["num_blocks", "max_blocks", "sliding_window", "num_query_tokens", "batch"])
-def _paged_attention_dynamic_kernel(
-    out_ptr,  # [Tq, Hq, D] dtype of query
-    lse_ptr,  # [Tq, Hq] float32 (written when WRITE_LSE)
-    partial_out_ptr,  # [NUM_SPLITS, Tq, Hq, D] float32 (NUM_SPLITS > 1)
-    partial_lse_ptr,  # [NUM_SPLITS, Tq, Hq] float32 (NUM_SPLITS > 1)
-    counters_ptr,  # [2 + B * Hkv] int32, 0 on entry and on exit: items handed out, programs done, arrivals a pair
-    query_ptr, key_cache_ptr, value_cache_ptr, block_table_ptr, seq_lens_ptr, cu_query_lens_ptr,
-    scale, soft_cap, sliding_window, num_blocks, max_blocks, num_query_tokens, batch,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, WRITE_LSE: tl.constexpr,
-    IEEE: tl.constexpr, PIPELINE: tl.constexpr, PREFETCH_TABLE: tl.constexpr = False,
-):
-    num_items = batch * NUM_KV_HEADS * NUM_SPLITS
-    item = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
-    while item < num_items:
-        pair = item // NUM_SPLITS
-        b = pair // NUM_KV_HEADS
-        h = pair % NUM_KV_HEADS
-        if NUM_SPLITS == 1:
-            _attend_pair(
-                out_ptr, lse_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_table_ptr, seq_lens_ptr,
-                cu_query_lens_ptr, scale, soft_cap, sliding_window, num_blocks, max_blocks, num_query_tokens, b, h, 0,
-                NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_M, BLOCK_N, ROWS, NUM_SPLITS,
-                HAS_SOFT_CAP, HAS_WINDOW, WRITE_LSE, IEEE, PIPELINE, PREFETCH_TABLE,
-            )
-        else:
-            _attend_pair(
-                partial_out_ptr, partial_lse_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_table_ptr,
-                seq_lens_ptr, cu_query_lens_ptr, scale, soft_cap, sliding_window, num_blocks, max_blocks,
-                num_query_tokens, b, h, item % NUM_SPLITS,
-                NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_M, BLOCK_N, ROWS, NUM_SPLITS,
-                HAS_SOFT_CAP, HAS_WINDOW, WRITE_LSE, IEEE, PIPELINE, PREFETCH_TABLE,
-            )
-            # Every thread's partial stores before the arrival (one thread's atomic), whose
-            # release publishes them at GPU scope; the acquire of the last arrival makes the
-            # pair's partials visible to its merge.
-            tl.debug_barrier()
-            arrivals = counters_ptr + 2 + pair
-            if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-                tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")
-                _merge_pair(out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr, cu_query_lens_ptr, b, h,
-                            num_query_tokens, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS, NUM_SPLITS,
-                            WRITE_LSE)
-        item = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
-    # Done: the release orders this program's last claim before it, so the last program to
-    # be done resets the item counter after every claim of the launch.
-    if tl.atomic_add(counters_ptr + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
-        tl.atomic_xchg(counters_ptr, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(counters_ptr + 1, 0, sem="relaxed", scope="gpu")
-
-
 def launch_paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_query_lens, scale,
                            sliding_window=0, soft_cap=0.0, return_lse=False, max_query_len: int = 0, *,
                            launch: AttentionLaunch | None = None):
@@ -481,8 +346,7 @@ def launch_paged_attention(query, key_cache, value_cache, block_table, seq_lens,
     ``max_query_len`` is the caller's longest query length (0: unknown), a hint for the
     plan's tile rows only: a sequence with more query rows than a tile holds is processed
     in several passes, so a wrong hint costs speed, never correctness. ``launch``
-    overrides the planned tiles and splits (tests force splits on small shapes) and may ask
-    for the dynamic grid (AttentionLaunch.dynamic).
+    overrides the planned tiles and splits (tests force splits on small shapes).
     """
     num_query_tokens, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
@@ -509,25 +373,6 @@ def launch_paged_attention(query, key_cache, value_cache, block_table, seq_lens,
     else:
         kernel_out, kernel_lse = out, (lse if return_lse else out)
     block_d = max(16, next_power_of_2(head_dim))  # tl.dot needs K >= 16
-    pairs = batch * num_kv_heads
-    # The stream's zeroed counters, 4 int32 a slot (None: too many pairs, or none free of a
-    # fill in this graph: the grid of a program an item instead, the same outputs).
-    counters = row_counters(query.device, -(-(2 + pairs) // 4)) if launch.dynamic else None
-    if counters is not None:
-        programs = min(launch.dynamic * multiprocessor_count(query.device, ASSUMED_MULTIPROCESSORS), pairs * splits)
-        _paged_attention_dynamic_kernel[(programs,)](
-            out, lse if return_lse else out, kernel_out, kernel_lse, counters, query, key_cache, value_cache,
-            block_table, seq_lens, cu_query_lens, scale, soft_cap if soft_cap > 0 else 1.0, sliding_window,
-            num_blocks, max_blocks, num_query_tokens, batch,
-            NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
-            BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, ROWS=launch.rows, NUM_SPLITS=splits,
-            HAS_SOFT_CAP=soft_cap > 0, HAS_WINDOW=sliding_window > 0, WRITE_LSE=return_lse,
-            IEEE=query.dtype == torch.float32, PIPELINE=os.environ.get("TRITON_INTERPRET") != "1",
-            PREFETCH_TABLE=PREFETCH_TABLE and query.is_cuda,
-            num_warps=launch.num_warps, num_stages=launch.num_stages,
-            **({"maxnreg": dynamic_registers(launch)} if query.is_cuda else {}),
-        )
-        return out, lse
     pdl = splits > 1 and has_pdl(query.device)
     _paged_attention_kernel[(batch * num_kv_heads, splits)](
         kernel_out, kernel_lse, query, key_cache, value_cache, block_table, seq_lens, cu_query_lens,
@@ -554,5 +399,5 @@ def launch_paged_attention(query, key_cache, value_cache, block_table, seq_lens,
 # ``paged_attention(*args, check=check)``, every argument positional (``launch`` is the
 # launcher's alone).
 paged_attention = launch_plan.planned(launch_paged_attention)
-for _module in ("launch", "stream_counters", "attention_plan", "attention"):
+for _module in ("launch", "attention_plan", "attention"):
     launch_plan.track(f"{__package__}.{_module}")

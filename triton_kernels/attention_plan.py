@@ -33,11 +33,6 @@ class AttentionLaunch:
     block_n : keys per step (may span several cache blocks).
     num_splits : programs sharing one (sequence, KV head); > 1 adds a merge kernel.
     num_warps, num_stages : Triton launch options (num_stages: software-pipelining depth).
-    dynamic : 0, a grid of a program an item (sequence, KV head, split); else this many
-        programs an SM that take the items from a counter as they finish, the last split of
-        an item's pair to finish merging the pair's partials (no merge launch), its
-        registers capped so that the programs fit an SM together (dynamic_registers). The
-        plan does not choose it yet (bench/NOTES.md, session 75: unmeasured); callers force it.
     """
 
     rows: int
@@ -46,11 +41,8 @@ class AttentionLaunch:
     num_splits: int
     num_warps: int = 4
     num_stages: int = 3
-    dynamic: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.dynamic, int) or self.dynamic < 0:
-            raise ValueError(f"AttentionLaunch.dynamic must be an int >= 0, got {self.dynamic!r}")
         for name in ("rows", "block_m", "block_n", "num_splits", "num_warps", "num_stages"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -64,15 +56,6 @@ class AttentionLaunch:
                              f"{self.block_m} and {self.block_n}")
         if self.num_splits > MAX_SPLITS:
             raise ValueError(f"AttentionLaunch.num_splits must be <= {MAX_SPLITS}, got {self.num_splits}")
-
-
-def dynamic_registers(launch: AttentionLaunch) -> int:
-    """Registers a thread that let ``launch.dynamic`` programs share an SM's 64K (at most
-    255): the dynamic grid is sized for them all resident at once. (Offline sm_90, B=64
-    decode tile: 160 registers uncapped at 2 splits, 200 at 4; capped at 128, ~15 spills,
-    all outside the key-tile loop.)"""
-    per_thread = 65536 // (launch.dynamic * launch.num_warps * 32)
-    return min(255, per_thread // 8 * 8)
 
 
 def _floor_power_of_2(n: int) -> int:
