@@ -231,7 +231,7 @@ def test_read_balance_probe_sums_every_pair_once_in_both_forms():
 def test_trace_attention_edits_land_in_the_static_kernel():
     """bench/trace_attention.py's traced copy of triton_kernels/attention.py: every anchor it
     edits is still there, and the timer's start, its stores and the trace argument land in
-    _paged_attention_kernel itself, not in a helper before it (which has no trace_ptr)."""
+    _paged_attention_kernel itself (a helper holding its body would have no trace_ptr)."""
     trace = load_bench("trace_attention")
     module = trace.traced_module()
     source = Path(module.__file__).read_text()
