@@ -80,17 +80,30 @@ def launch_grid(planned: AttentionLaunch, D: int, group: int, choices: dict) -> 
     return found
 
 
-def load_kernel_file(path: str):
-    """Another version of triton_kernels/attention.py as a module of its own (its relative
-    imports made absolute; written beside the original, since triton.jit reads the source)."""
-    source = Path(path).read_text().replace("from .", "from specops.triton_kernels.")
-    name = f"sweep_kernel_{Path(path).stem}"
-    copy = Path(tempfile.gettempdir()) / f"{name}.py"
-    copy.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, copy)
+# Where a version of triton_kernels/attention.py turns to its planned calls (plans track the
+# modules by name, so a copy is called through launch_paged_attention, never through plans).
+PLANNED_ANCHOR = "\n# Eager calls replayed from plans"
+
+
+def kernel_module(source: str, name: str):
+    """``source``, a version of triton_kernels/attention.py, as a module of its own: its
+    relative imports made absolute, its planned calls left out; written to a file of the
+    temporary folder first, since triton.jit reads the source."""
+    source = (source.replace("from . import", "from specops.triton_kernels import")
+              .replace("from .", "from specops.triton_kernels."))
+    if PLANNED_ANCHOR in source:
+        source = source[:source.index(PLANNED_ANCHOR)]
+    path = Path(tempfile.gettempdir()) / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_kernel_file(path: str):
+    """Another version of triton_kernels/attention.py (a file) as a module of its own."""
+    return kernel_module(Path(path).read_text(), f"sweep_kernel_{Path(path).stem}")
 
 
 def label(launch: AttentionLaunch) -> str:
@@ -114,7 +127,8 @@ def sweep_shape(shape, device, copy_bw_tbs, iters, grid, kernel_files, timer=com
         calls["this " + label(launch)] = (
             lambda launch=launch: kernels.launch_paged_attention(*args, max_query_len=q_len, launch=launch))
     for path, module in kernel_files.items():
-        calls[f"{path} {label(planned)}"] = lambda module=module: module.paged_attention(*args, max_query_len=q_len)
+        calls[f"{path} {label(planned)}"] = (
+            lambda module=module: module.launch_paged_attention(*args, max_query_len=q_len))
     calls["cuda kernel"] = lambda: specops.paged_attention(*args, max_query_len=q_len, backend="cuda", validate=False)
     replays = {}
     for name, fn in calls.items():

@@ -14,15 +14,13 @@ quantiles by programs an SM. Timer resolution: what the GPU gives (H100: ~0.26 Â
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
 import torch
 from common import captured
-from sweep_attention import inputs
+from sweep_attention import PLANNED_ANCHOR, inputs, kernel_module
 
 import specops  # noqa: F401 (the triton_kernels package)
 from specops.triton_kernels import attention as kernels
@@ -57,12 +55,8 @@ END = ("    t_end = _now()\n"
        "    tl.store(trace_ptr + slot + 2, _smid().to(tl.int64))\n")
 
 
-PLANNED_ANCHOR = "\n# Eager calls replayed from plans"
-
-
 def traced_module():
-    source = (Path(kernels.__file__).read_text().replace("from . import", "from specops.triton_kernels import")
-              .replace("from .", "from specops.triton_kernels."))
+    source = Path(kernels.__file__).read_text()
     for anchor, text in EDITS:
         if anchor not in source:
             raise RuntimeError(f"triton_kernels/attention.py changed: {anchor.strip()!r} not found")
@@ -72,13 +66,7 @@ def traced_module():
     source = source.replace(END_ANCHOR, END + END_ANCHOR, 1)
     if PLANNED_ANCHOR not in source:
         raise RuntimeError("triton_kernels/attention.py changed: its planned calls not found")
-    source = source[:source.index(PLANNED_ANCHOR)]  # the launcher alone (plans track modules by name)
-    path = Path(tempfile.gettempdir()) / "traced_attention.py"  # triton.jit reads the source file
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("traced_attention", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return kernel_module(source, "traced_attention")
 
 
 def quantiles(x: torch.Tensor) -> list[float]:
@@ -113,7 +101,7 @@ def trace_shape(shape, traced, device) -> list[str]:
     def launches(module, traced_buffers):
         for buffer in traced_buffers:
             module.TRACE = buffer
-            module.paged_attention(*args, max_query_len=q_len)
+            module.launch_paged_attention(*args, max_query_len=q_len)
 
     graphs = {name: captured(lambda module=module, traced_buffers=traced_buffers: launches(module, traced_buffers))
               for name, module, traced_buffers in (("plain", kernels, [None] * REPS), ("traced", traced, buffers))}

@@ -248,3 +248,23 @@ def test_bench_attention_shapes_parse_and_reject():
     for bad in ("64,1024", "64,1024,0", "64,x,1"):
         with pytest.raises(ValueError, match="B,L,q_len"):
             bench_attention.parse_shape(bad)
+
+
+def test_attention_ablations_apply_and_change_the_output():
+    """bench/ablate_attention.py's variants (the interpreter): each edit finds its anchor in
+    triton_kernels/attention.py once, the variant runs, and its output differs from the
+    kernel's (an edit that changed nothing would time the kernel under another name); an
+    unedited copy (sweep_attention --kernels) gives the kernel's output."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the variants under the Triton interpreter; the tool times them on the GPU")
+    sweep_attention = load_bench("sweep_attention")
+    ablate = load_bench("ablate_attention")
+    args = sweep_attention.inputs(2, 40, 1, 8, 2, 32, torch.device("cpu"))  # a short last tile: the mask counts
+    args = tuple(a.float() if getattr(a, "dtype", None) == torch.bfloat16 else a for a in args)  # (interpreted dots)
+    want = ablate.kernels.launch_paged_attention(*args, max_query_len=1)[0].float()
+    copy = sweep_attention.load_kernel_file(ablate.kernels.__file__)  # sweep_attention --kernels: an unedited copy
+    assert torch.equal(copy.launch_paged_attention(*args, max_query_len=1)[0].float(), want)
+    for name in ablate.ABLATIONS:
+        got = ablate.ablated_module(name).launch_paged_attention(*args, max_query_len=1)[0].float()
+        assert got.shape == want.shape
+        assert not torch.equal(torch.nan_to_num(got), want), name
