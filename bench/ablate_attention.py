@@ -12,7 +12,10 @@ the kernel's bytes; what it drops is work on them:
 - read-only: no-qk, no-exp and no-pv at once.
 The read probe (probe_read_balance.py) read these bytes at 1.000-1.005x the floor where the
 kernel took 1.043-1.05x (bench/NOTES.md, session 75): the variant that closes the gap names
-the work to cut.
+the work to cut. Triton stages through shared memory (cp.async) only the loads that feed a
+dot, so a variant without one reads that tile into registers instead (offline sm_90, B=64
+decode tile: the kernel 126 registers and 64 LDGSTS; no-qk 128 and 72, no-pv 148 and 40,
+read-only 106 and none, as the probe): read each time beside its load path.
 
     python3 bench/ablate_attention.py --shapes 64,1024,1 64,1024,5 --out $OUT
 """
