@@ -3,10 +3,9 @@ stream), which every kernel that uses it leaves at 0 (the last program to leave 
 it counted), so it is zeroed once, never by a fill launch inside a CUDA graph.
 
 Layout as the verify kernels read it (verify_unscreened.py): two int32 a slot (arrivals,
-departures), then an int64 a slot (packed departures); a kernel of another family may read
-the buffer as plain int32 (4 * COUNTER_SLOTS of them). Kernels on one stream run in turn,
-none launched as a programmatic dependent of a kernel that counts, so they share it; another
-stream has its own. A stream first seen while it captures a graph takes a spare zeroed at an
+departures), then an int64 a slot (packed departures). Kernels on one stream run in turn (a
+programmatic dependent reads the counts only after its wait on the launch before it), so
+they share it; another stream has its own. A stream first seen while it captures a graph takes a spare zeroed at an
 earlier eager call (none left: None, and the caller takes launches that count nothing).
 """
 
