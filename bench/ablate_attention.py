@@ -28,7 +28,7 @@ from pathlib import Path
 
 import common
 import torch
-from bench_attention import graph_replay
+from bench_attention import graph_replay, parse_shape
 from sweep_attention import BLOCK_SIZE, inputs, kernel_module
 
 from specops.triton_kernels import attention as kernels
@@ -91,7 +91,7 @@ def main() -> None:
     env = common.env_stamp(device)
     rows = []
     for text in args.shapes:
-        B, L, q_len = (int(v) for v in text.split(","))
+        B, L, q_len = parse_shape(text)
         rows += ablate_shape((B, L, q_len, 32, 8, 128), device, env["copy_bw_tbs"], args.rounds, args.iters)
     if args.out:
         print(f"wrote {common.write_results('ablate_attention', env, rows, args.out)}")
