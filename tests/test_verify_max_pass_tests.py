@@ -4,7 +4,8 @@ an exact pass and one that fails an exact failure, every test far from its bound
 settled, greedy verdicts are the argmax's; the tokens equal the reference's with the max
 pass's tests and with the screen launch; after an unsettled test the normaliser sums only
 the steps the decisions test; the packed departures are left at zero; the calls the max
-pass cannot serve take the screen launch. Rows of 3-4 programs under the
+pass cannot serve take the screen launch. Each with the walked max pass (verify_walk.py,
+the default) and the pass over every row. Rows of 3-4 programs under the
 interpreter; on a GPU 5 and 18."""
 
 from __future__ import annotations
@@ -126,8 +127,12 @@ def expected_verdicts(inputs, width):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
-def test_verdicts_are_exact_where_settled(device, ngram, verdicts_seen):
-    vocab = 9000  # 3 programs a row under the interpreter, 5 on a GPU
+@pytest.mark.parametrize("walk", [True, False], ids=["walk", "all-rows"])
+def test_verdicts_are_exact_where_settled(device, ngram, walk, verdicts_seen, triton_verify, monkeypatch):
+    """With the walk (verify_walk.py) a request's steps after its first failure have no
+    verdict: those are skipped."""
+    monkeypatch.setattr(triton_verify, "MAX_PASS_WALK", walk)
+    vocab = 9000  # 3 programs a row under the interpreter (all rows; the walk 1), 5 on a GPU
     kinds = set()
     for seed in (1, 2):
         inputs = boundary_inputs(vocab, seed, ngram)
@@ -135,8 +140,13 @@ def test_verdicts_are_exact_where_settled(device, ngram, verdicts_seen):
         got = triton_tokens(inputs, device, 4, validate=False)
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), seed
         verdicts = verdicts_seen[-1][0].cpu()
+        failed = set()  # the requests whose walk ended
         for slot, (passed, settles) in expected_verdicts(inputs, 5).items():
+            if walk and slot // 5 in failed:
+                continue
             verdict = int(verdicts[slot])
+            if verdict == FAILS.value:
+                failed.add(slot // 5)
             assert verdict in (PASSES.value, FAILS.value, UNSETTLED.value), (slot, verdict)
             assert verdict != (FAILS.value if passed else PASSES.value), (seed, slot, passed, verdict)
             assert not settles or verdict != UNSETTLED.value, (seed, slot, verdict)
@@ -147,11 +157,15 @@ def test_verdicts_are_exact_where_settled(device, ngram, verdicts_seen):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
-def test_the_normaliser_sums_only_the_steps_the_decisions_test(device, ngram, verdicts_seen):
+@pytest.mark.parametrize("walk", [True, False], ids=["walk", "all-rows"])
+def test_the_normaliser_sums_only_the_steps_the_decisions_test(device, ngram, walk, verdicts_seen, triton_verify,
+                                                                monkeypatch):
     """After an unsettled test the steps that surely pass need no normaliser: the launch
     sums the unsettled steps and the one that samples (the first sure failure after, or the
     bonus step), and the decisions take the passes from their verdicts (an unsummed step's
-    partials stay poisoned; reading them would change the tokens)."""
+    partials stay poisoned; reading them would change the tokens). Every request's walk
+    reads all its steps here (none fails before its last)."""
+    monkeypatch.setattr(triton_verify, "MAX_PASS_WALK", walk)
     P, F, U = PASSES.value, FAILS.value, UNSETTLED.value
     # Per request: each step's verdict (a ratio far from 1, or 4e-6 from it: unsettled), and
     # the slots summed. Request 1 samples at its step 0 (an exact failure) and request 3 at
@@ -181,12 +195,13 @@ def test_the_normaliser_sums_only_the_steps_the_decisions_test(device, ngram, ve
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("max_pass_tests", [True, False], ids=["max-pass", "screen-launch"])
-def test_batches_match_reference(device, max_pass_tests, triton_verify, monkeypatch):
-    """Random batches with greedy requests among them, draft and n-gram, with the max pass's
-    tests and with the screen launch, twice in a row (the departures the first call left
-    serve the second)."""
-    monkeypatch.setattr(triton_verify, "MAX_PASS_TESTS", max_pass_tests)
+@pytest.mark.parametrize("tests", ["walk", "max-pass", "screen-launch"])
+def test_batches_match_reference(device, tests, triton_verify, monkeypatch):
+    """Random batches with greedy requests among them, draft and n-gram, with the walked max
+    pass's tests, the max pass's over every row and the screen launch, twice in a row (the
+    departures the first call left serve the second)."""
+    monkeypatch.setattr(triton_verify, "MAX_PASS_TESTS", tests != "screen-launch")
+    monkeypatch.setattr(triton_verify, "MAX_PASS_WALK", tests == "walk")
     vocab = 2000 if device == "cpu" else 128256
     for seed, ngram in ((5, False), (6, True)):
         inputs = make_inputs([4, 1, 0, 3, 2, 4], vocab, seed=seed, ngram=ngram, with_top=False)
@@ -209,9 +224,12 @@ def test_calls_the_max_pass_cannot_serve_take_the_screen_launch(device, limit, t
                                                                 launches_of_the_screen):
     """Rows of more programs than a packed departure counts (65 here), and no zeroed
     counters to be had (too many slots, or a new stream capturing with no spare left:
-    row_counters returns None): the screen launch decides, with the reference's tokens."""
+    row_counters returns None): the screen launch decides, with the reference's tokens. (The
+    walked max pass caps its splits at what a packed departure counts: the pass over every
+    row here.)"""
     inputs = make_inputs([3, 1, 2], 3000, seed=4, with_top=False)
     if limit == "programs":
+        monkeypatch.setattr(triton_verify, "MAX_PASS_WALK", False)
         monkeypatch.setattr(triton_verify, "PROGRAMS_PER_SM", 1 << 12)  # a split per 2048-entry block
         inputs = make_inputs([1, 1], 64 * 2048 + 5, seed=3, with_top=False)
     else:

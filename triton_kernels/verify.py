@@ -67,6 +67,7 @@ from .launch import cdiv, has_pdl, multiprocessor_count, next_power_of_2
 from .stream_counters import row_counters
 from .verify_decide import decide_kernel
 from .verify_rows import fixed_sum_kernel, row_max_kernel
+from .verify_walk import row_walk_kernel
 from .verify_sample import SAMPLE_FLOATS, SAMPLE_INTS, residual_sample_kernel
 from .verify_screen import screen_kernel
 from .verify_search import (
@@ -245,6 +246,12 @@ ONE_LAUNCH_VERDICTS = True
 # acceptance tests itself (verify_rows.py: row_max_kernel's TESTS; rows of at most
 # PACKED_MAX_SPLITS programs, at most COUNTER_SLOTS slots) and no screen launch runs.
 MAX_PASS_TESTS = True
+# With MAX_PASS_TESTS, the max pass walks each request's steps in order and reads no row
+# after the first failed step (verify_walk.py): a split of a request's rows a program,
+# PROGRAMS_PER_SM programs an SM over the requests (not the slots).
+MAX_PASS_WALK = True
+WALK_LOOKAHEAD = True  # the next step's first block and draft loaded before a step's wait
+WALK_PROGRAMS_PER_SM = 4  # the walk's programs an SM over the requests
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
 PROGRAMS_PER_SM = 4
 # Programmatic dependent launch of each launch after the first (sm_90+): it is scheduled
@@ -254,12 +261,17 @@ PDL = True
 CPU_NUM_SMS = 4  # the interpreter has no SMs; a small fixed count still exercises splits
 
 
-def split_len_for(num_rows: int, vocab: int, device: torch.device) -> int:
-    """Vocab entries per program of the row passes: about PROGRAMS_PER_SM programs per SM
-    over ``num_rows`` rows, at least MIN_SPLIT_LEN entries each, whole BLOCK_V blocks (split
-    by blocks, so B = 1 at V = 128256 gets 63 programs per row, not 32 of two blocks)."""
+def split_len_for(num_rows: int, vocab: int, device: torch.device, max_splits: int | None = None,
+                  programs_per_sm: int | None = None) -> int:
+    """Vocab entries per program of the row passes: about ``programs_per_sm``
+    (PROGRAMS_PER_SM) programs per SM over ``num_rows`` rows, at least MIN_SPLIT_LEN entries
+    each, whole BLOCK_V blocks (split by blocks, so B = 1 at V = 128256 gets 63 programs per
+    row, not 32 of two blocks), at most ``max_splits`` a row."""
     num_blocks = cdiv(vocab, BLOCK_V)
-    wanted = cdiv(PROGRAMS_PER_SM * multiprocessor_count(device, CPU_NUM_SMS), max(num_rows, 1))
+    per_sm = PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
+    wanted = cdiv(per_sm * multiprocessor_count(device, CPU_NUM_SMS), max(num_rows, 1))
+    if max_splits is not None:
+        wanted = min(wanted, max_splits)
     num_splits = max(1, min(wanted, num_blocks // max(1, MIN_SPLIT_LEN // BLOCK_V)))
     return cdiv(num_blocks, num_splits) * BLOCK_V
 
@@ -373,15 +385,21 @@ def launch_verify(
     else:
         sum_rows = batch if screened else num_slots
         sum_split_len = wave_split_len(sum_rows, vocab, device, SUM_RESIDENT, BLOCK_V)
+    tested = screened and not exact_everywhere and not greedy_only and bool(MAX_PASS_TESTS)
+    walk = tested and bool(MAX_PASS_WALK)
+    if walk:  # a request's programs wait for each other: one under the interpreter
+        split_len = (split_len_for(batch, vocab, device, PACKED_MAX_SPLITS.value, WALK_PROGRAMS_PER_SM)
+                     if device.type == "cuda"
+                     else cdiv(vocab, BLOCK_V) * BLOCK_V)
     num_splits = cdiv(vocab, split_len)
     sum_splits = cdiv(vocab, sum_split_len)
     # The max pass tests the steps (its last program of a row sums the row's packed
     # partials, verify_slots.py), else the screen launch does.
-    max_pass_tests = (screened and not exact_everywhere and not greedy_only and bool(MAX_PASS_TESTS)
-                      and num_splits <= PACKED_MAX_SPLITS.value)
+    max_pass_tests = tested and num_splits <= PACKED_MAX_SPLITS.value
     if max_pass_tests:
         counters = row_counters(device, num_slots)  # None: none free of a fill in this graph
         max_pass_tests = counters is not None
+    walk = walk and max_pass_tests
     block_s = next_power_of_2(max(num_splits, sum_splits))
     seed_bins, seed_coarse = seed_bins_for(num_splits, block_s, min(split_len, vocab)) if has_top_k else (0, 0)
 
@@ -454,6 +472,14 @@ def launch_verify(
             num_tokens, vocab, width, HAS_DRAFT_PROBS=draft_probs is not None, BLOCK_V=BLOCK_V,
             MASS_BLOCK=mass_block, BLOCK_S=block_s, TEST_STEPS=test_steps, num_warps=SUM_WARPS,
             enable_fp_fusion=False, PDL=pdl)  # the chain's first launch: a plain one
+    elif walk:
+        max_pass_verdicts = empty(num_slots, dtype=torch.int32)
+        row_walk_kernel[(num_splits, batch)](
+            part_max, part_arg, *rows, temperature_arg, counters, packed_departures(counters), max_pass_verdicts,
+            draft_token_ids, draft_probs_arg, seeds, positions, num_tokens, vocab, width, split_len,
+            HAS_DRAFT_PROBS=draft_probs is not None, BLOCK_V=BLOCK_V, BLOCK_W=next_power_of_2(width),
+            LOOKAHEAD=bool(WALK_LOOKAHEAD), num_warps=NUM_WARPS, PDL=pdl,
+            maxnreg=REGISTERS_PER_SM // (ROW_MAX_RESIDENT * NUM_WARPS * 32) // 8 * 8)
     else:
         if max_pass_tests:
             part_approx = part_max  # not written
@@ -564,7 +590,7 @@ def launch_verify(
 # Eager calls replayed from plans of the launches above (launch_plan.py), while the
 # launcher's modules hold the attributes they were imported with.
 verify = launch_plan.planned(launch_verify)
-for _module in ("launch", "stream_counters", "verify_math", "verify_slots", "verify_rows", "verify_unscreened", "verify_search",
+for _module in ("launch", "stream_counters", "verify_math", "verify_slots", "verify_rows", "verify_unscreened", "verify_walk", "verify_search",
                 "verify_search_counts", "verify_search_finish", "verify_screen", "verify_decide", "verify_sample",
                 "verify"):
     launch_plan.track(f"{__package__}.{_module}")

@@ -1,0 +1,160 @@
+"""The max pass of a screened tokens-only Triton ``verify`` walked step by step: a request's
+rows are read in order, and none after its first failed step.
+
+row_max_kernel (verify_rows.py, TESTS) reads every row a request may reach at once and
+tests each draft step in the row's last program to leave. Most requests fail early (the
+bench's default drafts pass ~0.35 of their steps), and nothing downstream reads a row
+after the first failed step: the decisions (verify_decide.py) and the exact normaliser
+(fixed_sum_kernel, VERDICTS) start at the first step that did not pass and end at the
+first that failed. Here a request's programs (one a split) walk its steps together: each
+reads its split of step i's row exactly as row_max_kernel's program would (the same
+partials, the same packed addend), arrives with one packed atomic, waits until every split
+of the row has arrived, and computes the step's verdict from the row's packed sum (every
+program the same integers, so the same verdict); the walk goes on past a step that passes
+or is unsettled, and stops after one that fails (or after the bonus row, read when no
+draft failed). The partials and verdicts of every row up to the first failure are those
+of row_max_kernel, bit for bit; later rows are neither read nor written.
+
+The wait needs every program of a request to run: the grid puts a request's programs next
+to each other (split fastest), the GPU dispatches blocks in grid order (verify_unscreened.py
+relies on the same), and a request has no more programs than the GPU has SMs. The
+interpreter runs programs one after another: there the launcher gives a request one split.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .launch import direct_launch
+from .ragged import draft_range
+from .verify_math import INDEX_MAX, LOG2E, chain_launch
+from .verify_rows import (FAILS, FAR_SHIFT, PASSES, TEST_CAP, TEST_HIGH, TEST_LOW, TEST_SCALE, TEST_SUM, TRUSTED_RATIO,
+                          UNSETTLED, _load_block, _scan_tests)
+from .verify_slots import PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, slot_row
+
+
+@triton.jit
+def _step_addend(row_ptr, v_begin, end, first, i, count, z_x, x, q_x, u, scale, greedy, BLOCK_V: tl.constexpr):
+    """(lane maxima, their first indices, packed addend) of a split of step i's row, as
+    row_max_kernel's TESTS branch computes them (0 at the bonus row, i == count)."""
+    trusted = (z_x > float("-inf")) & (scale > 0.0) & (scale < float("inf"))
+    if i == count:
+        best, best_index, _none = _scan_tests(row_ptr, v_begin, end, first, z_x, 0.0, 0, 0, BLOCK_V)
+        addend = tl.zeros([], tl.int64)
+    elif greedy:
+        best, best_index, ahead = _scan_tests(row_ptr, v_begin, end, first, z_x, 0.0, (x - v_begin).to(tl.int32), 1,
+                                              BLOCK_V)
+        addend = ahead.to(tl.int64)
+    else:
+        best, best_index, total = _scan_tests(row_ptr, v_begin, end, first, tl.where(trusted, z_x, 0.0),
+                                              tl.where(trusted, scale, 1.0), 0, 2, BLOCK_V)
+        scaled = total * (u * q_x)
+        scaled = tl.maximum(tl.where(scaled < TEST_CAP, scaled, TEST_CAP), 0.0)
+        far = (tl.max(best, axis=0) - z_x) * scale > TRUSTED_RATIO
+        addend = (scaled * TEST_SCALE).to(tl.int64) + (far.to(tl.int64) << FAR_SHIFT)
+    return best, best_index, addend
+
+
+@triton.jit
+def _verdict(row, in_vocab, q_x, z_x, scale, greedy):
+    """The step's verdict from its row's packed sum (row_max_kernel's)."""
+    row = row & PACKED_SUM
+    trusted = (z_x > float("-inf")) & (scale > 0.0) & (scale < float("inf"))
+    if greedy:
+        verdict = tl.where(in_vocab & (row == 0), PASSES, FAILS)
+    else:
+        sure = trusted & ((row >> FAR_SHIFT) == 0)
+        test = row & TEST_SUM
+        verdict = tl.where(test < TEST_LOW, PASSES, tl.where(test >= TEST_HIGH, FAILS, UNSETTLED))
+        verdict = tl.where(in_vocab & (q_x > 0.0), tl.where(sure, verdict, UNSETTLED), FAILS)
+    return verdict
+
+
+# Grid (num_splits, batch), split fastest: program (s, b) walks request b's steps over
+# entries [s * split_len, (s + 1) * split_len) of each row. Per step it stores the split's
+# max and first argmax (row_max_kernel's partials), adds its packed addend to the slot's
+# packed sum, waits until the count in it reaches num_splits, and (split 0) stores the
+# verdict. LOOKAHEAD: the next step's first block and draft are loaded before the wait
+# (read for nothing after the request's last step). The last program of a request to leave
+# resets the packed sums it walked and its exit count (the stream's zeroed counters:
+# stream_counters.py). Bytes: the rows up to the first failure once, a block a program
+# beyond with LOOKAHEAD.
+@direct_launch
+@triton.jit(do_not_specialize=["num_tokens", "width"])
+def row_walk_kernel(
+    part_max_ptr,  # [batch * width, num_splits] float32
+    part_arg_ptr,  # [batch * width, num_splits] int32
+    target_ptr,  # [num_tokens, vocab] float32 | bfloat16 | float16
+    bonus_ptr,  # [batch, vocab]
+    cu_ptr,  # [batch] int32
+    temperature_ptr,  # [batch] float32
+    exits_ptr,  # [batch] int32, 0 on entry and on exit (the counters' arrivals)
+    packed_ptr,  # [batch * width] int64, 0 on entry and on exit (verify_unscreened.packed_departures)
+    verdict_ptr,  # [batch * width] int32, written at the draft steps walked
+    draft_ptr,  # [num_tokens] int32 | int64
+    draft_probs_ptr,  # [num_tokens, vocab] float32 (HAS_DRAFT_PROBS)
+    seeds_ptr,  # [batch] int64
+    positions_ptr,  # [batch] int64
+    num_tokens,
+    vocab,
+    width,
+    split_len,  # a multiple of BLOCK_V
+    HAS_DRAFT_PROBS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_W: tl.constexpr,  # a power of two >= width
+    LOOKAHEAD: tl.constexpr = True,
+    PDL: tl.constexpr = False,
+):
+    chain_launch(PDL, WAITS=False)  # the chain's first launch: a plain one
+    split = tl.program_id(0)
+    num_splits = tl.num_programs(0)
+    b = tl.program_id(1)
+    start, count = draft_range(cu_ptr, b, num_tokens, width - 1)
+    temperature = tl.load(temperature_ptr + b)
+    greedy = temperature == 0.0
+    scale = tl.where(greedy, 0.0, LOG2E / temperature)
+    v_begin = split * split_len
+    end = tl.minimum(split_len, vocab - v_begin)
+    lane = tl.arange(0, BLOCK_V)
+    row_ptr, _start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, 0, num_tokens, vocab, width)
+    first = _load_block(row_ptr + v_begin, lane, end, True)
+    draft, in_vocab, x, z_x, q_x, u = draft_step(draft_ptr, draft_probs_ptr, seeds_ptr, positions_ptr, row_ptr, start,
+                                                 b, 0, count, vocab, HAS_DRAFT_PROBS)
+    i = tl.zeros([], tl.int64)
+    last = count  # the walk's last step: the bonus step until a draft fails
+    while i <= last:
+        slot = b * width + i
+        best, best_index, addend = _step_addend(row_ptr, v_begin, end, first, i, count, z_x, x, q_x, u, scale,
+                                                greedy, BLOCK_V)
+        out = slot * num_splits + split
+        split_best = tl.max(best, axis=0)
+        tl.store(part_max_ptr + out, split_best)
+        tl.store(part_arg_ptr + out, tl.min(tl.where(best == split_best, best_index, INDEX_MAX), axis=0))
+        if i < count:
+            step_in_vocab, step_z, step_q = in_vocab, z_x, q_x
+            row = tl.atomic_add(packed_ptr + slot, addend + PACKED_ONE, sem="relaxed", scope="gpu") + addend
+            row += PACKED_ONE
+            next_ptr, _start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i + 1, num_tokens, vocab, width)
+            if LOOKAHEAD:  # the next step's loads in flight through the wait
+                first = _load_block(next_ptr + v_begin, lane, end, True)
+                draft, in_vocab, x, z_x, q_x, u = draft_step(draft_ptr, draft_probs_ptr, seeds_ptr, positions_ptr,
+                                                             next_ptr, start, b, i + 1, count, vocab, HAS_DRAFT_PROBS)
+            while ((row >> PACKED_SHIFT) & PACKED_MAX_SPLITS) < num_splits:
+                row = tl.atomic_add(packed_ptr + slot, 0, sem="relaxed", scope="gpu")
+            verdict = _verdict(row, step_in_vocab, step_q, step_z, scale, greedy)
+            if split == 0:
+                tl.store(verdict_ptr + slot, verdict.to(tl.int32))
+            last = tl.where(verdict == FAILS, i, count)
+            if not LOOKAHEAD:
+                first = _load_block(next_ptr + v_begin, lane, end, True)
+                draft, in_vocab, x, z_x, q_x, u = draft_step(draft_ptr, draft_probs_ptr, seeds_ptr, positions_ptr,
+                                                             next_ptr, start, b, i + 1, count, vocab, HAS_DRAFT_PROBS)
+            row_ptr = next_ptr
+        i += 1
+    # Leaving: every program has read the packed sums it waited on (before its release), so
+    # the last to leave may reset them for the next call on the stream.
+    if tl.atomic_add(exits_ptr + b, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+        steps = tl.arange(0, BLOCK_W)
+        tl.store(packed_ptr + b * width + steps, tl.zeros([BLOCK_W], tl.int64), mask=steps < tl.minimum(last + 1, count))
+        tl.atomic_xchg(exits_ptr + b, 0, sem="relaxed", scope="gpu")
