@@ -23,7 +23,7 @@ from triton.compiler import ASTSource
 
 from specops.triton_kernels import verify as launcher
 
-KERNELS = ("row_max_kernel", "row_max_sum_kernel", "threshold_search_kernel", "screen_kernel", "fixed_sum_kernel",
+KERNELS = ("row_max_kernel", "row_walk_kernel", "row_max_sum_kernel", "threshold_search_kernel", "screen_kernel", "fixed_sum_kernel",
            "top_p_finish_kernel", "decide_kernel", "residual_sample_kernel")
 OPTIONS = ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion", "launch_pdl")
 POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32",

@@ -387,10 +387,9 @@ def launch_verify(
         sum_split_len = wave_split_len(sum_rows, vocab, device, SUM_RESIDENT, BLOCK_V)
     tested = screened and not exact_everywhere and not greedy_only and bool(MAX_PASS_TESTS)
     walk = tested and bool(MAX_PASS_WALK)
-    if walk:  # a request's programs wait for each other: one under the interpreter
-        split_len = (split_len_for(batch, vocab, device, PACKED_MAX_SPLITS.value, WALK_PROGRAMS_PER_SM)
-                     if device.type == "cuda"
-                     else cdiv(vocab, BLOCK_V) * BLOCK_V)
+    if walk:  # a request's programs wait for each other: no more than run at once (one under the interpreter)
+        walk_splits = min(PACKED_MAX_SPLITS.value, multiprocessor_count(device, 1))
+        split_len = split_len_for(batch, vocab, device, walk_splits, WALK_PROGRAMS_PER_SM)
     num_splits = cdiv(vocab, split_len)
     sum_splits = cdiv(vocab, sum_split_len)
     # The max pass tests the steps (its last program of a row sums the row's packed
