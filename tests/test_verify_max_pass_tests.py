@@ -20,6 +20,7 @@ from specops.reference.verify import accept_uniform, processed_probs
 from specops.reference.verify import verify as reference_verify
 from specops.triton_kernels.verify_rows import FAILS, PASSES, UNSETTLED
 from specops.triton_kernels.verify_rows import fixed_sum_kernel as FIXED_SUM_KERNEL
+from specops.triton_kernels.verify_walk import row_walk_kernel as WALK_KERNEL
 from specops.triton_kernels.stream_counters import row_counters
 
 DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAS_CUDA else [])
@@ -46,13 +47,31 @@ def verdicts_seen(triton_verify, monkeypatch):
 
             return launch
 
+    class RecordedWalk:  # the walk sums them (SUMS): its verdicts and partials
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                if kwargs.get("SUMS"):
+                    args[2].fill_(UNWRITTEN)
+                    seen.append((args[10], args[2]))
+                return WALK_KERNEL[grid](*args, **kwargs)
+
+            return launch
+
     class Refused:
         def __getitem__(self, grid):
             raise AssertionError("screen_kernel launched: the max pass did not test the steps")
 
     monkeypatch.setattr(triton_verify, "fixed_sum_kernel", Recorded())
+    monkeypatch.setattr(triton_verify, "row_walk_kernel", RecordedWalk())
     monkeypatch.setattr(triton_verify, "screen_kernel", Refused())
     return seen
+
+
+def set_walk(triton_verify, monkeypatch, walk):
+    """The max pass: "walk-sums" (the walk, with the exact normalisers: the default), "walk"
+    (the normaliser launch after it) or "all-rows" (row_max_kernel's tests)."""
+    monkeypatch.setattr(triton_verify, "MAX_PASS_WALK", walk != "all-rows")
+    monkeypatch.setattr(triton_verify, "WALK_SUMS", walk == "walk-sums")
 
 
 def boundary_inputs(vocab, seed, ngram):
@@ -127,11 +146,11 @@ def expected_verdicts(inputs, width):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
-@pytest.mark.parametrize("walk", [True, False], ids=["walk", "all-rows"])
+@pytest.mark.parametrize("walk", ["walk-sums", "walk", "all-rows"])
 def test_verdicts_are_exact_where_settled(device, ngram, walk, verdicts_seen, triton_verify, monkeypatch):
-    """With the walk (verify_walk.py) a request's steps after its first failure have no
-    verdict: those are skipped."""
-    monkeypatch.setattr(triton_verify, "MAX_PASS_WALK", walk)
+    """With the walk (verify_walk.py; summing the normalisers itself or not) a request's
+    steps after its first failure have no verdict: those are skipped."""
+    set_walk(triton_verify, monkeypatch, walk)
     vocab = 9000  # 3 programs a row under the interpreter (all rows; the walk 1), 5 on a GPU
     kinds = set()
     for seed in (1, 2):
@@ -142,7 +161,7 @@ def test_verdicts_are_exact_where_settled(device, ngram, walk, verdicts_seen, tr
         verdicts = verdicts_seen[-1][0].cpu()
         failed = set()  # the requests whose walk ended
         for slot, (passed, settles) in expected_verdicts(inputs, 5).items():
-            if walk and slot // 5 in failed:
+            if walk != "all-rows" and slot // 5 in failed:
                 continue
             verdict = int(verdicts[slot])
             if verdict == FAILS.value:
@@ -157,7 +176,7 @@ def test_verdicts_are_exact_where_settled(device, ngram, walk, verdicts_seen, tr
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
-@pytest.mark.parametrize("walk", [True, False], ids=["walk", "all-rows"])
+@pytest.mark.parametrize("walk", ["walk-sums", "walk", "all-rows"])
 def test_the_normaliser_sums_only_the_steps_the_decisions_test(device, ngram, walk, verdicts_seen, triton_verify,
                                                                 monkeypatch):
     """After an unsettled test the steps that surely pass need no normaliser: the launch
@@ -165,7 +184,7 @@ def test_the_normaliser_sums_only_the_steps_the_decisions_test(device, ngram, wa
     bonus step), and the decisions take the passes from their verdicts (an unsummed step's
     partials stay poisoned; reading them would change the tokens). Every request's walk
     reads all its steps here (none fails before its last)."""
-    monkeypatch.setattr(triton_verify, "MAX_PASS_WALK", walk)
+    set_walk(triton_verify, monkeypatch, walk)
     P, F, U = PASSES.value, FAILS.value, UNSETTLED.value
     # Per request: each step's verdict (a ratio far from 1, or 4e-6 from it: unsettled), and
     # the slots summed. Request 1 samples at its step 0 (an exact failure) and request 3 at
@@ -195,13 +214,13 @@ def test_the_normaliser_sums_only_the_steps_the_decisions_test(device, ngram, wa
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tests", ["walk", "max-pass", "screen-launch"])
+@pytest.mark.parametrize("tests", ["walk-sums", "walk", "max-pass", "screen-launch"])
 def test_batches_match_reference(device, tests, triton_verify, monkeypatch):
     """Random batches with greedy requests among them, draft and n-gram, with the walked max
     pass's tests, the max pass's over every row and the screen launch, twice in a row (the
     departures the first call left serve the second)."""
     monkeypatch.setattr(triton_verify, "MAX_PASS_TESTS", tests != "screen-launch")
-    monkeypatch.setattr(triton_verify, "MAX_PASS_WALK", tests == "walk")
+    set_walk(triton_verify, monkeypatch, tests if tests.startswith("walk") else "all-rows")
     vocab = 2000 if device == "cpu" else 128256
     for seed, ngram in ((5, False), (6, True)):
         inputs = make_inputs([4, 1, 0, 3, 2, 4], vocab, seed=seed, ngram=ngram, with_top=False)

@@ -55,8 +55,9 @@ def launch_both(inputs, device, split_len, lookahead):
         common = (x["target_logits"], x["bonus_logits"], x["cu_num_draft_tokens"], x["temperature"])
         tests = (x["draft_token_ids"], draft_probs, x["seeds"], x["positions"])
         if walk:
+            unused = torch.empty(1, dtype=torch.int64, device=device)
             row_walk_kernel[(num_splits, batch)](
-                part_max, part_arg, *common, counters, packed_departures(counters), verdicts, *tests,
+                part_max, part_arg, unused, unused, *common, counters, packed_departures(counters), verdicts, *tests,
                 x["target_logits"].shape[0], vocab, width, split_len, HAS_DRAFT_PROBS=x["draft_probs"] is not None,
                 BLOCK_V=BLOCK_V, BLOCK_W=8, LOOKAHEAD=lookahead, num_warps=8)
         else:

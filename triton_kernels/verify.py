@@ -252,6 +252,7 @@ MAX_PASS_TESTS = True
 MAX_PASS_WALK = True
 WALK_LOOKAHEAD = True  # the next step's first block and draft loaded before a step's wait
 WALK_PROGRAMS_PER_SM = 4  # the walk's programs an SM over the requests
+WALK_SUMS = True  # the walk sums the exact normalisers the decisions read (fixed_sum_kernel's, VERDICTS)
 MIN_SPLIT_LEN = 2048  # fewest vocab entries worth a program of their own
 PROGRAMS_PER_SM = 4
 # Programmatic dependent launch of each launch after the first (sm_90+): it is scheduled
@@ -399,6 +400,9 @@ def launch_verify(
         counters = row_counters(device, num_slots)  # None: none free of a fill in this graph
         max_pass_tests = counters is not None
     walk = walk and max_pass_tests
+    walk_sums = walk and bool(WALK_SUMS)
+    if walk_sums:  # the walk sums the exact normalisers over its own splits; no normaliser launch
+        sum_split_len, sum_splits = split_len, num_splits
     block_s = next_power_of_2(max(num_splits, sum_splits))
     seed_bins, seed_coarse = seed_bins_for(num_splits, block_s, min(split_len, vocab)) if has_top_k else (0, 0)
 
@@ -474,10 +478,11 @@ def launch_verify(
     elif walk:
         max_pass_verdicts = empty(num_slots, dtype=torch.int32)
         row_walk_kernel[(num_splits, batch)](
-            part_max, part_arg, *rows, temperature_arg, counters, packed_departures(counters), max_pass_verdicts,
-            draft_token_ids, draft_probs_arg, seeds, positions, num_tokens, vocab, width, split_len,
+            part_max, part_arg, part_sum, block_sum, *rows, temperature_arg, counters, packed_departures(counters),
+            max_pass_verdicts, draft_token_ids, draft_probs_arg, seeds, positions, num_tokens, vocab, width, split_len,
             HAS_DRAFT_PROBS=draft_probs is not None, BLOCK_V=BLOCK_V, BLOCK_W=next_power_of_2(width),
-            LOOKAHEAD=bool(WALK_LOOKAHEAD), num_warps=NUM_WARPS, PDL=pdl,
+            BLOCK_S=block_s, MASS_BLOCK=mass_block, LOOKAHEAD=bool(WALK_LOOKAHEAD), SUMS=walk_sums,
+            num_warps=NUM_WARPS, PDL=pdl, enable_fp_fusion=False,
             maxnreg=REGISTERS_PER_SM // (ROW_MAX_RESIDENT * NUM_WARPS * 32) // 8 * 8)
     else:
         if max_pass_tests:
@@ -530,7 +535,7 @@ def launch_verify(
     first_sum_registers = {"maxnreg": first_sum_cap} if first_sum_cap else {}
     second_sum_registers = {"maxnreg": SECOND_SUM_MAX_REGISTERS} if has_top_k and SECOND_SUM_MAX_REGISTERS else {}
     top_p_search_registers = {"maxnreg": TOP_P_SEARCH_MAX_REGISTERS} if has_top_k and TOP_P_SEARCH_MAX_REGISTERS else {}
-    if not one_launch:
+    if not one_launch and not walk_sums:
         fixed_sum_kernel[sum_grid](part_sum, block_sum, *sums, part_sum, live_list, *rows, *params, *sum_sizes,
                                    SECOND=False, LIVE_BLOCKS=live_sum_blocks if mark_blocks else 0,
                                    MARK_MAX_K=TOP_K_MARKS_MAX_K, **sum_flags, **first_sum_registers)

@@ -28,9 +28,9 @@ import triton.language as tl
 
 from .launch import direct_launch
 from .ragged import draft_range
-from .verify_math import INDEX_MAX, LOG2E, chain_launch
+from .verify_math import INDEX_MAX, LOG2E, chain_launch, exponent_scale
 from .verify_rows import (FAILS, FAR_SHIFT, PASSES, TEST_CAP, TEST_HIGH, TEST_LOW, TEST_SCALE, TEST_SUM, TRUSTED_RATIO,
-                          UNSETTLED, _load_block, _scan_tests)
+                          UNSETTLED, _load_block, _scan_tests, _split_fixed_sum)
 from .verify_slots import PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, slot_row
 
 
@@ -71,6 +71,29 @@ def _verdict(row, in_vocab, q_x, z_x, scale, greedy):
     return verdict
 
 
+@triton.jit
+def _sum_split(part_max_ptr, part_sum_ptr, block_sum_ptr, row_ptr, slot, split, num_splits, v_begin, split_len, vocab,
+               temperature, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr, MASS_BLOCK: tl.constexpr):
+    """fixed_sum_kernel's work for one split of a slot's row (no top-k): the row's max from
+    its split maxima (published to this program by the wait), then sum floor(w 2^40) of the
+    split into the block sums and the slot's normaliser partial."""
+    s = tl.arange(0, BLOCK_S)
+    split_max = tl.load(part_max_ptr + slot * num_splits + s, mask=s < num_splits, other=float("-inf"),
+                        cache_modifier=".cg")
+    max_logit = tl.max(split_max, axis=0)
+    blocks = block_sum_ptr + slot * tl.cdiv(vocab, MASS_BLOCK)
+    kth, z1, p_min = tl.full([], float("-inf"), tl.float32), tl.full([], 1.0, tl.float32), tl.zeros([], tl.float32)
+    live = tl.zeros([], tl.int1)
+    scale = exponent_scale(temperature)
+    if scale > 0.0:  # T = 2^n: exp's first step by one multiply (exponent_scale)
+        total = _split_fixed_sum(row_ptr, blocks, blocks, v_begin, split_len, vocab, max_logit, scale, kth, z1, p_min,
+                                 live, True, False, False, BLOCK_V, MASS_BLOCK, 0)
+    else:
+        total = _split_fixed_sum(row_ptr, blocks, blocks, v_begin, split_len, vocab, max_logit, temperature, kth, z1,
+                                 p_min, live, False, False, False, BLOCK_V, MASS_BLOCK, 0)
+    tl.store(part_sum_ptr + slot * num_splits + split, total)
+
+
 # Grid (num_splits, batch), split fastest: program (s, b) walks request b's steps over
 # entries [s * split_len, (s + 1) * split_len) of each row. Per step it stores the split's
 # max and first argmax (row_max_kernel's partials), adds its packed addend to the slot's
@@ -85,6 +108,8 @@ def _verdict(row, in_vocab, q_x, z_x, scale, greedy):
 def row_walk_kernel(
     part_max_ptr,  # [batch * width, num_splits] float32
     part_arg_ptr,  # [batch * width, num_splits] int32
+    part_sum_ptr,  # [batch * width, num_splits] int64 (SUMS): the exact normaliser's partials
+    block_sum_ptr,  # [batch * width, cdiv(vocab, MASS_BLOCK)] int64 (SUMS): its block sums
     target_ptr,  # [num_tokens, vocab] float32 | bfloat16 | float16
     bonus_ptr,  # [batch, vocab]
     cu_ptr,  # [batch] int32
@@ -103,7 +128,10 @@ def row_walk_kernel(
     HAS_DRAFT_PROBS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_W: tl.constexpr,  # a power of two >= width
+    BLOCK_S: tl.constexpr = 1,  # (SUMS) a power of two >= num_splits
+    MASS_BLOCK: tl.constexpr = 128,  # divides BLOCK_V: entries per stored block sum
     LOOKAHEAD: tl.constexpr = True,
+    SUMS: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     chain_launch(PDL, WAITS=False)  # the chain's first launch: a plain one
@@ -131,9 +159,14 @@ def row_walk_kernel(
         split_best = tl.max(best, axis=0)
         tl.store(part_max_ptr + out, split_best)
         tl.store(part_arg_ptr + out, tl.min(tl.where(best == split_best, best_index, INDEX_MAX), axis=0))
+        this_ptr = row_ptr
         if i < count:
             step_in_vocab, step_z, step_q = in_vocab, z_x, q_x
-            row = tl.atomic_add(packed_ptr + slot, addend + PACKED_ONE, sem="relaxed", scope="gpu") + addend
+            if SUMS:  # every thread's partials stored before the arrival, whose release publishes them
+                tl.debug_barrier()
+                row = tl.atomic_add(packed_ptr + slot, addend + PACKED_ONE, sem="acq_rel", scope="gpu") + addend
+            else:
+                row = tl.atomic_add(packed_ptr + slot, addend + PACKED_ONE, sem="relaxed", scope="gpu") + addend
             row += PACKED_ONE
             next_ptr, _start, _count = slot_row(cu_ptr, target_ptr, bonus_ptr, b, i + 1, num_tokens, vocab, width)
             if LOOKAHEAD:  # the next step's loads in flight through the wait
@@ -141,20 +174,36 @@ def row_walk_kernel(
                 draft, in_vocab, x, z_x, q_x, u = draft_step(draft_ptr, draft_probs_ptr, seeds_ptr, positions_ptr,
                                                              next_ptr, start, b, i + 1, count, vocab, HAS_DRAFT_PROBS)
             while ((row >> PACKED_SHIFT) & PACKED_MAX_SPLITS) < num_splits:
-                row = tl.atomic_add(packed_ptr + slot, 0, sem="relaxed", scope="gpu")
+                if SUMS:  # the acquire that sees every arrival makes the row's max partials visible
+                    row = tl.atomic_add(packed_ptr + slot, 0, sem="acquire", scope="gpu")
+                else:
+                    row = tl.atomic_add(packed_ptr + slot, 0, sem="relaxed", scope="gpu")
             verdict = _verdict(row, step_in_vocab, step_q, step_z, scale, greedy)
             if split == 0:
                 tl.store(verdict_ptr + slot, verdict.to(tl.int32))
             last = tl.where(verdict == FAILS, i, count)
+            if SUMS:
+                if (verdict != PASSES) & (not greedy):
+                    _sum_split(part_max_ptr, part_sum_ptr, block_sum_ptr, this_ptr, slot, split, num_splits, v_begin,
+                               split_len, vocab, temperature, BLOCK_V, BLOCK_S, MASS_BLOCK)
             if not LOOKAHEAD:
                 first = _load_block(next_ptr + v_begin, lane, end, True)
                 draft, in_vocab, x, z_x, q_x, u = draft_step(draft_ptr, draft_probs_ptr, seeds_ptr, positions_ptr,
                                                              next_ptr, start, b, i + 1, count, vocab, HAS_DRAFT_PROBS)
             row_ptr = next_ptr
+        elif SUMS:  # the bonus row (no failure before it): the request's programs meet for its max
+            if not greedy:
+                tl.debug_barrier()
+                tl.atomic_add(packed_ptr + slot, PACKED_ONE, sem="release", scope="gpu")
+                while ((tl.atomic_add(packed_ptr + slot, 0, sem="acquire", scope="gpu") >> PACKED_SHIFT)
+                       & PACKED_MAX_SPLITS) < num_splits:
+                    pass
+                _sum_split(part_max_ptr, part_sum_ptr, block_sum_ptr, this_ptr, slot, split, num_splits, v_begin,
+                           split_len, vocab, temperature, BLOCK_V, BLOCK_S, MASS_BLOCK)
         i += 1
     # Leaving: every program has read the packed sums it waited on (before its release), so
     # the last to leave may reset them for the next call on the stream.
     if tl.atomic_add(exits_ptr + b, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
         steps = tl.arange(0, BLOCK_W)
-        tl.store(packed_ptr + b * width + steps, tl.zeros([BLOCK_W], tl.int64), mask=steps < tl.minimum(last + 1, count))
+        tl.store(packed_ptr + b * width + steps, tl.zeros([BLOCK_W], tl.int64), mask=steps <= last)
         tl.atomic_xchg(exits_ptr + b, 0, sem="relaxed", scope="gpu")
