@@ -112,8 +112,10 @@ def test_walk_reads_the_rows_up_to_the_first_failure(device, ngram, lookahead):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ngram", [False, True], ids=["draft", "ngram"])
 def test_walked_calls_match_reference(device, ngram, triton_verify, monkeypatch):
-    """The launcher's walked calls (the default for screened tokens-only calls; the walk
-    refused otherwise would fail the max-pass count below), twice in a row."""
+    """The launcher's walked calls, summing the normalisers (MAX_PASS_WALK, WALK_SUMS; a
+    walk refused would fail the launch count below), twice in a row."""
+    monkeypatch.setattr(triton_verify, "MAX_PASS_WALK", True)
+    monkeypatch.setattr(triton_verify, "WALK_SUMS", True)
     launched = []
     kernel = triton_verify.row_walk_kernel
 
