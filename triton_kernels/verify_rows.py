@@ -269,15 +269,25 @@ def row_max_kernel(
                 old = tl.atomic_add(packed_ptr + slot, addend + PACKED_ONE, sem="relaxed", scope="gpu")
                 if ((old >> PACKED_SHIFT) & PACKED_MAX_SPLITS) == num_splits - 1:  # the row's last to leave
                     tl.atomic_xchg(packed_ptr + slot, 0, sem="relaxed", scope="gpu")
-                    row = (old + addend) & PACKED_SUM
-                    if greedy:
-                        verdict = tl.where(in_vocab & (row == 0), PASSES, FAILS)
-                    else:
-                        sure = trusted & ((row >> FAR_SHIFT) == 0)
-                        test = row & TEST_SUM
-                        verdict = tl.where(test < TEST_LOW, PASSES, tl.where(test >= TEST_HIGH, FAILS, UNSETTLED))
-                        verdict = tl.where(in_vocab & (q_x > 0.0), tl.where(sure, verdict, UNSETTLED), FAILS)
+                    verdict = packed_verdict(old + addend, in_vocab, q_x, trusted, greedy)
                     tl.store(verdict_ptr + slot, verdict.to(tl.int32))
+
+
+@triton.jit
+def packed_verdict(row, in_vocab, q_x, trusted, greedy):
+    """A draft step's verdict from its row's packed sum (the count bits are dropped): greedy,
+    PASSES when no entry precedes the draft; random, PASSES below the band, FAILS above it
+    (or outside the vocab, or q(x) = 0), UNSETTLED in it or where a split lay far (or not
+    ``trusted``: z_x -inf, 1 / T not a positive float)."""
+    row = row & PACKED_SUM
+    if greedy:
+        verdict = tl.where(in_vocab & (row == 0), PASSES, FAILS)
+    else:
+        sure = trusted & ((row >> FAR_SHIFT) == 0)
+        test = row & TEST_SUM
+        verdict = tl.where(test < TEST_LOW, PASSES, tl.where(test >= TEST_HIGH, FAILS, UNSETTLED))
+        verdict = tl.where(in_vocab & (q_x > 0.0), tl.where(sure, verdict, UNSETTLED), FAILS)
+    return verdict
 
 
 # Grid (step_programs * batch * sum_splits,), split fastest, then request, then j: program

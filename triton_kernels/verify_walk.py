@@ -29,8 +29,8 @@ import triton.language as tl
 from .launch import direct_launch
 from .ragged import draft_range
 from .verify_math import INDEX_MAX, LOG2E, chain_launch, exponent_scale
-from .verify_rows import (FAILS, FAR_SHIFT, PASSES, TEST_CAP, TEST_HIGH, TEST_LOW, TEST_SCALE, TEST_SUM, TRUSTED_RATIO,
-                          UNSETTLED, _load_block, _scan_tests, _split_fixed_sum)
+from .verify_rows import (FAILS, FAR_SHIFT, PASSES, TEST_CAP, TEST_SCALE, TRUSTED_RATIO, _load_block, _scan_tests,
+                          _split_fixed_sum, packed_verdict)
 from .verify_slots import PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, slot_row
 
 
@@ -54,21 +54,6 @@ def _step_addend(row_ptr, v_begin, end, first, i, count, z_x, x, q_x, u, scale, 
         far = (tl.max(best, axis=0) - z_x) * scale > TRUSTED_RATIO
         addend = (scaled * TEST_SCALE).to(tl.int64) + (far.to(tl.int64) << FAR_SHIFT)
     return best, best_index, addend
-
-
-@triton.jit
-def _verdict(row, in_vocab, q_x, z_x, scale, greedy):
-    """The step's verdict from its row's packed sum (row_max_kernel's)."""
-    row = row & PACKED_SUM
-    trusted = (z_x > float("-inf")) & (scale > 0.0) & (scale < float("inf"))
-    if greedy:
-        verdict = tl.where(in_vocab & (row == 0), PASSES, FAILS)
-    else:
-        sure = trusted & ((row >> FAR_SHIFT) == 0)
-        test = row & TEST_SUM
-        verdict = tl.where(test < TEST_LOW, PASSES, tl.where(test >= TEST_HIGH, FAILS, UNSETTLED))
-        verdict = tl.where(in_vocab & (q_x > 0.0), tl.where(sure, verdict, UNSETTLED), FAILS)
-    return verdict
 
 
 @triton.jit
@@ -161,7 +146,8 @@ def row_walk_kernel(
         tl.store(part_arg_ptr + out, tl.min(tl.where(best == split_best, best_index, INDEX_MAX), axis=0))
         this_ptr = row_ptr
         if i < count:
-            step_in_vocab, step_z, step_q = in_vocab, z_x, q_x
+            step_in_vocab, step_q = in_vocab, q_x
+            step_trusted = (z_x > float("-inf")) & (scale > 0.0) & (scale < float("inf"))
             if SUMS:  # every thread's partials stored before the arrival, whose release publishes them
                 tl.debug_barrier()
                 row = tl.atomic_add(packed_ptr + slot, addend + PACKED_ONE, sem="acq_rel", scope="gpu") + addend
@@ -178,7 +164,7 @@ def row_walk_kernel(
                     row = tl.atomic_add(packed_ptr + slot, 0, sem="acquire", scope="gpu")
                 else:
                     row = tl.atomic_add(packed_ptr + slot, 0, sem="relaxed", scope="gpu")
-            verdict = _verdict(row, step_in_vocab, step_q, step_z, scale, greedy)
+            verdict = packed_verdict(row, step_in_vocab, step_q, step_trusted, greedy)
             if split == 0:
                 tl.store(verdict_ptr + slot, verdict.to(tl.int32))
             last = tl.where(verdict == FAILS, i, count)
