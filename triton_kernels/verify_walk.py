@@ -35,10 +35,10 @@ from .verify_slots import PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SU
 
 
 @triton.jit
-def _step_addend(row_ptr, v_begin, end, first, i, count, z_x, x, q_x, u, scale, greedy, BLOCK_V: tl.constexpr):
+def _step_addend(row_ptr, v_begin, end, first, i, count, z_x, x, q_x, u, scale, greedy, trusted,
+                 BLOCK_V: tl.constexpr):
     """(lane maxima, their first indices, packed addend) of a split of step i's row, as
     row_max_kernel's TESTS branch computes them (0 at the bonus row, i == count)."""
-    trusted = (z_x > float("-inf")) & (scale > 0.0) & (scale < float("inf"))
     if i == count:
         best, best_index, _none = _scan_tests(row_ptr, v_begin, end, first, z_x, 0.0, 0, 0, BLOCK_V)
         addend = tl.zeros([], tl.int64)
@@ -138,16 +138,17 @@ def row_walk_kernel(
     last = count  # the walk's last step: the bonus step until a draft fails
     while i <= last:
         slot = b * width + i
+        # Else unsettled (row_max_kernel's): z_x -inf, or 1 / T not a positive float.
+        trusted = (z_x > float("-inf")) & (scale > 0.0) & (scale < float("inf"))
         best, best_index, addend = _step_addend(row_ptr, v_begin, end, first, i, count, z_x, x, q_x, u, scale,
-                                                greedy, BLOCK_V)
+                                                greedy, trusted, BLOCK_V)
         out = slot * num_splits + split
         split_best = tl.max(best, axis=0)
         tl.store(part_max_ptr + out, split_best)
         tl.store(part_arg_ptr + out, tl.min(tl.where(best == split_best, best_index, INDEX_MAX), axis=0))
         this_ptr = row_ptr
         if i < count:
-            step_in_vocab, step_q = in_vocab, q_x
-            step_trusted = (z_x > float("-inf")) & (scale > 0.0) & (scale < float("inf"))
+            step_in_vocab, step_q, step_trusted = in_vocab, q_x, trusted
             if SUMS:  # every thread's partials stored before the arrival, whose release publishes them
                 tl.debug_barrier()
                 row = tl.atomic_add(packed_ptr + slot, addend + PACKED_ONE, sem="acq_rel", scope="gpu") + addend
