@@ -155,6 +155,44 @@ def _scan_tests(row_ptr, v_begin, end, first, z_x, scale, x_rel, MODE: tl.conste
     return best, v_begin + best_offset + lane, tl.sum(acc, axis=0)
 
 
+@triton.jit
+def step_trusted(z_x, scale):
+    """Whether a random step's test may be settled from its packed sum (else UNSETTLED, and
+    no NaN summed): z_x finite above -inf and 1 / T a positive float (NaN, negative or 0
+    only with value checks off)."""
+    return (z_x > float("-inf")) & (scale > 0.0) & (scale < float("inf"))
+
+
+@triton.jit
+def step_addend(row_ptr, v_begin, end, first, i, count, z_x, x, q_x, u, scale, greedy, trusted,
+                BLOCK_V: tl.constexpr):
+    """(lane maxima, their first indices, the split's max, packed addend) of one split of
+    step i's row: a TESTS program's work (row_max_kernel's, verify_walk.py's). At the bonus
+    row (i == count) the max alone, addend 0; greedy, the count of entries ahead of the
+    draft; random, u q(x) sum_v 2^((z_v - z_x) log2(e) / T) in fixed point, plus FAR_SHIFT's
+    bit where the split's max lies more than TRUSTED_RATIO binades above z_x."""
+    if i == count:
+        best, best_index, _none = _scan_tests(row_ptr, v_begin, end, first, z_x, 0.0, 0, 0, BLOCK_V)
+        split_best = tl.max(best, axis=0)
+        addend = tl.zeros([], tl.int64)
+    elif greedy:
+        best, best_index, ahead = _scan_tests(row_ptr, v_begin, end, first, z_x, 0.0, (x - v_begin).to(tl.int32), 1,
+                                              BLOCK_V)
+        split_best = tl.max(best, axis=0)
+        addend = ahead.to(tl.int64)
+    else:
+        best, best_index, total = _scan_tests(row_ptr, v_begin, end, first, tl.where(trusted, z_x, 0.0),
+                                              tl.where(trusted, scale, 1.0), 0, 2, BLOCK_V)
+        split_best = tl.max(best, axis=0)
+        scaled = total * (u * q_x)
+        # NaN (inf * 0: a far split, so UNSETTLED) to the cap; below 0 (q(x) < 0, which
+        # FAILS) to 0: an addend outside [0, cap] would carry into the count.
+        scaled = tl.maximum(tl.where(scaled < TEST_CAP, scaled, TEST_CAP), 0.0)
+        far = (split_best - z_x) * scale > TRUSTED_RATIO
+        addend = (scaled * TEST_SCALE).to(tl.int64) + (far.to(tl.int64) << FAR_SHIFT)
+    return best, best_index, split_best, addend
+
+
 # Grid (batch * width, num_splits). Program (slot, s) reads entries
 # [s * split_len, (s + 1) * split_len) of the slot's row once: its max, first argmax, and
 # an approximate normaliser sum_v 2^((z_v - m_s) log2(e) / T) relative to the split's max
@@ -227,27 +265,9 @@ def row_max_kernel(
             draft, in_vocab, x, z_x, q_x, u = draft_step(draft_ptr, draft_probs_ptr, seeds_ptr, positions_ptr, row_ptr,
                                                          start, b, i, count, vocab, HAS_DRAFT_PROBS)
             greedy = temperature == 0.0
-            # Else UNSETTLED, and no NaN summed (1 / T NaN, negative or 0 only with value checks off).
-            trusted = (z_x > float("-inf")) & (scale > 0.0) & (scale < float("inf"))
-            if i == count:
-                best, best_index, _none = _scan_tests(row_ptr, v_begin, end, first, z_x, 0.0, 0, 0, BLOCK_V)
-                split_best = tl.max(best, axis=0)
-                addend = tl.zeros([], tl.int64)
-            elif greedy:
-                best, best_index, ahead = _scan_tests(row_ptr, v_begin, end, first, z_x, 0.0,
-                                                      (x - v_begin).to(tl.int32), 1, BLOCK_V)
-                split_best = tl.max(best, axis=0)
-                addend = ahead.to(tl.int64)
-            else:
-                best, best_index, total = _scan_tests(row_ptr, v_begin, end, first, tl.where(trusted, z_x, 0.0),
-                                                      tl.where(trusted, scale, 1.0), 0, 2, BLOCK_V)
-                split_best = tl.max(best, axis=0)
-                scaled = total * (u * q_x)
-                # NaN (inf * 0: a far split, so UNSETTLED) to the cap; below 0 (q(x) < 0, which
-                # FAILS) to 0: an addend outside [0, cap] would carry into the count.
-                scaled = tl.maximum(tl.where(scaled < TEST_CAP, scaled, TEST_CAP), 0.0)
-                far = (split_best - z_x) * scale > TRUSTED_RATIO
-                addend = (scaled * TEST_SCALE).to(tl.int64) + (far.to(tl.int64) << FAR_SHIFT)
+            trusted = step_trusted(z_x, scale)
+            best, best_index, split_best, addend = step_addend(row_ptr, v_begin, end, first, i, count, z_x, x, q_x, u,
+                                                               scale, greedy, trusted, BLOCK_V)
         else:
             best, best_index, approx = _scan(row_ptr, v_begin, split_len, vocab, -scale, not ALL_GREEDY, BLOCK_V)
             split_best = tl.max(best, axis=0)

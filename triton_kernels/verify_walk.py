@@ -29,31 +29,8 @@ import triton.language as tl
 from .launch import direct_launch
 from .ragged import draft_range
 from .verify_math import INDEX_MAX, LOG2E, chain_launch, exponent_scale
-from .verify_rows import (FAILS, FAR_SHIFT, PASSES, TEST_CAP, TEST_SCALE, TRUSTED_RATIO, _load_block, _scan_tests,
-                          _split_fixed_sum, packed_verdict)
-from .verify_slots import PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, PACKED_SUM, draft_step, slot_row
-
-
-@triton.jit
-def _step_addend(row_ptr, v_begin, end, first, i, count, z_x, x, q_x, u, scale, greedy, trusted,
-                 BLOCK_V: tl.constexpr):
-    """(lane maxima, their first indices, packed addend) of a split of step i's row, as
-    row_max_kernel's TESTS branch computes them (0 at the bonus row, i == count)."""
-    if i == count:
-        best, best_index, _none = _scan_tests(row_ptr, v_begin, end, first, z_x, 0.0, 0, 0, BLOCK_V)
-        addend = tl.zeros([], tl.int64)
-    elif greedy:
-        best, best_index, ahead = _scan_tests(row_ptr, v_begin, end, first, z_x, 0.0, (x - v_begin).to(tl.int32), 1,
-                                              BLOCK_V)
-        addend = ahead.to(tl.int64)
-    else:
-        best, best_index, total = _scan_tests(row_ptr, v_begin, end, first, tl.where(trusted, z_x, 0.0),
-                                              tl.where(trusted, scale, 1.0), 0, 2, BLOCK_V)
-        scaled = total * (u * q_x)
-        scaled = tl.maximum(tl.where(scaled < TEST_CAP, scaled, TEST_CAP), 0.0)
-        far = (tl.max(best, axis=0) - z_x) * scale > TRUSTED_RATIO
-        addend = (scaled * TEST_SCALE).to(tl.int64) + (far.to(tl.int64) << FAR_SHIFT)
-    return best, best_index, addend
+from .verify_rows import FAILS, PASSES, _load_block, _split_fixed_sum, packed_verdict, step_addend, step_trusted
+from .verify_slots import PACKED_MAX_SPLITS, PACKED_ONE, PACKED_SHIFT, draft_step, slot_row
 
 
 @triton.jit
@@ -138,17 +115,15 @@ def row_walk_kernel(
     last = count  # the walk's last step: the bonus step until a draft fails
     while i <= last:
         slot = b * width + i
-        # Else unsettled (row_max_kernel's): z_x -inf, or 1 / T not a positive float.
-        trusted = (z_x > float("-inf")) & (scale > 0.0) & (scale < float("inf"))
-        best, best_index, addend = _step_addend(row_ptr, v_begin, end, first, i, count, z_x, x, q_x, u, scale,
-                                                greedy, trusted, BLOCK_V)
+        trusted = step_trusted(z_x, scale)
+        best, best_index, split_best, addend = step_addend(row_ptr, v_begin, end, first, i, count, z_x, x, q_x, u,
+                                                           scale, greedy, trusted, BLOCK_V)
         out = slot * num_splits + split
-        split_best = tl.max(best, axis=0)
         tl.store(part_max_ptr + out, split_best)
         tl.store(part_arg_ptr + out, tl.min(tl.where(best == split_best, best_index, INDEX_MAX), axis=0))
         this_ptr = row_ptr
         if i < count:
-            step_in_vocab, step_q, step_trusted = in_vocab, q_x, trusted
+            tested_in_vocab, tested_q, tested_trusted = in_vocab, q_x, trusted
             if SUMS:  # every thread's partials stored before the arrival, whose release publishes them
                 tl.debug_barrier()
                 row = tl.atomic_add(packed_ptr + slot, addend + PACKED_ONE, sem="acq_rel", scope="gpu") + addend
@@ -165,7 +140,7 @@ def row_walk_kernel(
                     row = tl.atomic_add(packed_ptr + slot, 0, sem="acquire", scope="gpu")
                 else:
                     row = tl.atomic_add(packed_ptr + slot, 0, sem="relaxed", scope="gpu")
-            verdict = packed_verdict(row, step_in_vocab, step_q, step_trusted, greedy)
+            verdict = packed_verdict(row, tested_in_vocab, tested_q, tested_trusted, greedy)
             if split == 0:
                 tl.store(verdict_ptr + slot, verdict.to(tl.int32))
             last = tl.where(verdict == FAILS, i, count)
